@@ -1,0 +1,11 @@
+"""Command line entry point (``simkit …``)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="simkit")
+    parser.parse_args(argv)
+    return 0
