@@ -1,11 +1,244 @@
-"""Command line entry point (``simkit …``)."""
+"""Command line entry point: ``simkit …`` (also ``python -m simkit …``).
+
+Subcommands (each defined by an ``_add_<name>(subparsers)`` function registered in
+``SUBCOMMANDS``; a new subcommand is one more function and one more entry):
+
+- ``simkit figures [NAME …] [--out DIR] [--small]`` — regenerate figures and the gallery;
+- ``simkit info`` — versions of simkit and its dependencies, installed optional extras;
+- ``simkit list mappings|figures|shifts`` — what the registries contain.
+
+``main(argv)`` returns the exit status (0 success, 2 usage error) instead of exiting, so that it
+can be called from tests and notebooks.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import importlib.util
+import platform
+import sys
+import time
+from collections.abc import Callable
+
+PROG = "simkit"
+
+#: core dependencies reported by ``simkit info`` (distribution names)
+CORE_PACKAGES = ("numpy", "scipy", "pandas", "matplotlib", "tqdm", "arviz-stats")
+#: optional extras: extra name -> distributions (import names are looked up by find_spec)
+OPTIONAL_PACKAGES = {
+    "lm": ("torch", "transformers", "gguf"),
+    "dist": ("dask", "distributed", "pyarrow", "joblib"),
+    "notebooks": ("jupyter", "jupytext", "nbclient", "nbformat", "ipykernel", "ipywidgets",
+                  "nbmake"),
+    "dev": ("pytest", "pytest-xdist", "hypothesis", "ruff"),
+}
+
+
+class CLIError(Exception):
+    """A usage error reported as ``simkit: error: …`` with exit status 2."""
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Keep the hand-formatted descriptions and examples as written."""
+
+
+# --- figures -----------------------------------------------------------------------------------
+
+def _add_figures(subparsers) -> None:
+    p = subparsers.add_parser(
+        "figures",
+        help="regenerate paper-style figures (PNG + PDF) and the gallery README",
+        formatter_class=_Formatter,
+        description=(
+            "Compute and draw figures, writing <out>/<name>.png and <out>/<name>.pdf\n"
+            "(byte-for-byte reproducible) and regenerating <out>/README.md, the gallery.\n"
+            "Without names every figure is made. --small (or SIMKIT_SMALL=1) uses reduced\n"
+            "sizes: fast, for tests and quick looks. 'simkit list figures' lists the names."
+        ),
+        epilog=(
+            "examples:\n"
+            "  simkit figures --out figures              # all figures, full size\n"
+            "  simkit figures kernel_shapes --small      # one figure, quick\n"
+        ),
+    )
+    p.add_argument("names", nargs="*", metavar="NAME", help="figure names (default: all)")
+    p.add_argument("--out", default="figures", metavar="DIR",
+                   help="output directory (default: %(default)s)")
+    p.add_argument("--small", action="store_true", help="reduced sizes (fast)")
+    p.set_defaults(func=_run_figures)
+
+
+def _run_figures(args) -> int:
+    from simkit import figures
+
+    names = list(dict.fromkeys(args.names)) or figures.available()
+    unknown = [n for n in names if n not in figures.FIGURES]
+    if unknown:
+        raise CLIError(
+            f"unknown figure(s) {', '.join(map(repr, unknown))}; "
+            f"available figures: {', '.join(figures.available())}"
+        )
+    total = len(names)
+    for i, name in enumerate(names, 1):
+        print(f"[{i}/{total}] {name} ...", end=" ", file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        paths = figures.render(name, args.out, small=args.small)
+        print(f"done in {time.perf_counter() - start:.1f} s -> "
+              + ", ".join(str(p) for p in paths), file=sys.stderr, flush=True)
+    gallery = figures.write_gallery(args.out)
+    print(f"gallery: {gallery}", file=sys.stderr)
+    return 0
+
+
+# --- info --------------------------------------------------------------------------------------
+
+def _add_info(subparsers) -> None:
+    p = subparsers.add_parser(
+        "info",
+        help="versions of simkit and its dependencies, installed optional extras",
+        formatter_class=_Formatter,
+        description=(
+            "Print the Python version, simkit's version, the versions of its core\n"
+            "dependencies and which optional extras (lm, dist, notebooks, dev) are installed.\n"
+            "Paste it into bug reports."
+        ),
+        epilog="example:\n  simkit info\n",
+    )
+    p.set_defaults(func=_run_info)
+
+
+def _dist_version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def package_versions() -> dict[str, dict[str, str | None]]:
+    """``{"core": {dist: version}, "<extra>": {dist: version or None}}`` without importing them."""
+    import simkit
+
+    report: dict[str, dict[str, str | None]] = {"core": {"simkit": simkit.__version__}}
+    report["core"].update({d: _dist_version(d) for d in CORE_PACKAGES})
+    for extra, dists in OPTIONAL_PACKAGES.items():
+        report[extra] = {d: _dist_version(d) for d in dists}
+    return report
+
+
+def _run_info(args) -> int:
+    print(f"python      {platform.python_version()} ({platform.platform()})")
+    for group, versions in package_versions().items():
+        title = "core" if group == "core" else f"optional [{group}]"
+        print(f"{title}:")
+        for dist, ver in versions.items():
+            print(f"  {dist:<12}{ver if ver is not None else 'not installed'}")
+    return 0
+
+
+# --- list --------------------------------------------------------------------------------------
+
+def _list_mappings() -> list[str]:
+    from simkit import mappings
+
+    lines = []
+    for name in mappings.available():
+        cls = mappings.mapping_class(name)
+        doc = (cls.__doc__ or "").strip().splitlines()
+        summary = doc[0] if doc else ""
+        lines.append(f"{name:<12} {cls.level:<9} {summary}")
+    return lines
+
+
+def _list_figures() -> list[str]:
+    from simkit import figures
+
+    return [f"{name:<24} {module.TITLE}" for name, module in figures.FIGURES.items()]
+
+
+def _list_shifts() -> list[str]:
+    try:
+        from simkit import shifts
+    except ImportError as err:  # pragma: no cover - the module ships with simkit
+        raise CLIError(f"simkit.shifts is not available: {err}") from None
+    lines = []
+    for name in shifts.available():
+        doc = (type(shifts.get(name)).__doc__ or "").strip().splitlines()
+        lines.append(f"{name:<14} {doc[0] if doc else ''}")
+    return lines
+
+
+LISTERS: dict[str, Callable[[], list[str]]] = {
+    "mappings": _list_mappings,
+    "figures": _list_figures,
+    "shifts": _list_shifts,
+}
+
+
+def _add_list(subparsers) -> None:
+    p = subparsers.add_parser(
+        "list",
+        help="list the registered mappings, figures or shift families",
+        formatter_class=_Formatter,
+        description=(
+            "List a registry: 'mappings' (weight mappings: name, level, summary),\n"
+            "'figures' (figure names and titles) or 'shifts' (families that move mu away\n"
+            "from pi)."
+        ),
+        epilog="examples:\n  simkit list mappings\n  simkit list figures\n",
+    )
+    p.add_argument("what", choices=list(LISTERS), help="which registry")
+    p.set_defaults(func=_run_list)
+
+
+def _run_list(args) -> int:
+    for line in LISTERS[args.what]():
+        print(line)
+    return 0
+
+
+# --- parser ------------------------------------------------------------------------------------
+
+#: subcommand name -> function adding it to the subparsers (in help order)
+SUBCOMMANDS: dict[str, Callable] = {
+    "figures": _add_figures,
+    "info": _add_info,
+    "list": _add_list,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every subcommand of ``SUBCOMMANDS``."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        formatter_class=_Formatter,
+        description=(
+            "simkit: bias and variance of importance-sampling weight mappings in LLM RL\n"
+            "(GRPO, PPO clip, GSPO, SAPO, CISPO, TIS/MIS, VESPO, ...), exactly and by\n"
+            "simulation. Run 'simkit COMMAND --help' for a command's options and examples."
+        ),
+        epilog=(
+            "examples:\n"
+            "  simkit list mappings\n"
+            "  simkit figures kernel_shapes --out figures\n"
+            "  simkit info\n"
+        ),
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in SUBCOMMANDS.values():
+        add(subparsers)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="simkit")
-    parser.parse_args(argv)
-    return 0
+    """Run the command line; return the exit status (0 ok, 2 usage error)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits on --help (0) and on usage errors (2)
+        return int(exc.code or 0)
+    try:
+        return int(args.func(args))
+    except CLIError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2

@@ -1,10 +1,28 @@
 """The weight-mapping registry: ``get(name, **hyperparams)``, ``available()``.
 
-One module per family of the reference sheet (sections A–C). Importing this package registers
-every mapping.
+One module per family of the reference sheet (sections A–C); importing this package registers
+every mapping, in this order of ``available()``:
+
+- :mod:`~simkit.mappings.classic` (A): naive, is_token, is_seq, power, snis, psis, soft_shrink
+- :mod:`~simkit.mappings.clipping` (B): ppo_clip, dual_clip, dapo, gspo, gmpo
+- :mod:`~simkit.mappings.soft` (B): sapo, luffy, aspo
+- :mod:`~simkit.mappings.truncation` (C): cispo, tis_token, tis_seq, mis_token, mis_seq, icepop
+- :mod:`~simkit.mappings.masking` (C): geo_mask, opsm, token_veto, m2po, topr
+- :mod:`~simkit.mappings.vespo` (C): vespo (and the pure kernels ``vespo_phi``, ``vespo_f``)
+
+:mod:`~simkit.mappings.psis` holds the Pareto smoothing (``psis_smooth``, ``psis_khat``).
 """
 
-from simkit.mappings import classic  # noqa: F401  (registers)
+# isort: off
+# Registration order is the order of ``available()``: keep these imports in this order.
+from simkit.mappings import classic  # noqa: F401
+from simkit.mappings import clipping  # noqa: F401
+from simkit.mappings import soft  # noqa: F401
+from simkit.mappings import truncation  # noqa: F401
+from simkit.mappings import masking  # noqa: F401
+from simkit.mappings import vespo  # noqa: F401
+
+# isort: on
 from simkit.mappings.base import (
     Mapping,
     ScalarMapping,
@@ -13,5 +31,18 @@ from simkit.mappings.base import (
     mapping_class,
     register,
 )
+from simkit.mappings.psis import psis_khat, psis_smooth
+from simkit.mappings.vespo import vespo_f, vespo_phi
 
-__all__ = ["Mapping", "ScalarMapping", "available", "get", "mapping_class", "register"]
+__all__ = [
+    "Mapping",
+    "ScalarMapping",
+    "available",
+    "get",
+    "mapping_class",
+    "psis_khat",
+    "psis_smooth",
+    "register",
+    "vespo_f",
+    "vespo_phi",
+]

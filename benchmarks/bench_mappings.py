@@ -1,0 +1,105 @@
+"""Throughput of ``coefficients`` for every registered weight mapping.
+
+    python benchmarks/bench_mappings.py [--n 4096 --t 4096 --repeats 3 --ragged --only a,b]
+
+Input: N×T float64 log-ratios ~ N(0, 0.05²) (a realistic train/inference mismatch scale), a
+mask of all ones (``--ragged``: each row keeps a random prefix of length in [T/2, T]) and
+advantages ±1. Baseline measured in the same run: the streaming floor ``np.exp(x).sum()`` over
+the same array. For each mapping: the best of ``--repeats`` timings, tokens/s and the ratio to
+the floor (target: token- and sequence-level mappings within 4× of the floor; batch-level ones
+are reported but not held to it). Results are printed as a table and written as JSON to
+``benchmarks/results/bench_mappings.json`` (git-ignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+from simkit import mappings
+
+TARGET_RATIO = 4.0
+
+
+def best_time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def make_batch(n: int, t: int, ragged: bool, seed: int):
+    rng = np.random.default_rng(seed)
+    log_ratio = rng.normal(0.0, 0.05, size=(n, t))
+    if ragged:
+        lengths = rng.integers(t // 2, t + 1, size=n)
+        mask = np.arange(t)[None, :] < lengths[:, None]
+    else:
+        mask = np.ones((n, t), dtype=bool)
+    advantages = rng.choice([-1.0, 1.0], size=n)
+    return log_ratio, mask, advantages
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=4096, help="sequences N (default 4096)")
+    parser.add_argument("--t", type=int, default=4096, help="tokens per sequence T (4096)")
+    parser.add_argument("--repeats", type=int, default=3, help="timings per mapping (best of)")
+    parser.add_argument("--ragged", action="store_true", help="ragged mask instead of all ones")
+    parser.add_argument("--only", default="", help="comma-separated mapping names")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"
+                                              / "bench_mappings.json"))
+    args = parser.parse_args(argv)
+
+    log_ratio, mask, advantages = make_batch(args.n, args.t, args.ragged, args.seed)
+    tokens = log_ratio.size
+    floor = best_time(lambda: np.exp(log_ratio).sum(), args.repeats)
+    names = [s for s in args.only.split(",") if s] or mappings.available()
+
+    print(f"N={args.n} T={args.t} ({tokens / 1e6:.1f}M tokens, float64), mask "
+          f"{'ragged' if args.ragged else 'all ones'}, best of {args.repeats}")
+    print(f"floor np.exp(x).sum(): {floor * 1e3:8.1f} ms  {tokens / floor / 1e6:8.1f} Mtok/s")
+    print(f"{'mapping':<12} {'level':<9} {'ms':>9} {'Mtok/s':>9} {'x floor':>8}  ok")
+    rows = []
+    failures = []
+    for name in names:
+        mapping = mappings.get(name)
+        seconds = best_time(lambda m=mapping: m.coefficients(log_ratio, mask, advantages),
+                            args.repeats)
+        ratio = seconds / floor
+        held = mapping.level in ("token", "sequence")
+        ok = ratio <= TARGET_RATIO if held else None
+        if ok is False:
+            failures.append(name)
+        flag = {True: "yes", False: "NO", None: "n/a"}[ok]
+        print(f"{name:<12} {mapping.level:<9} {seconds * 1e3:9.1f} {tokens / seconds / 1e6:9.1f} "
+              f"{ratio:8.2f}  {flag}")
+        rows.append({"mapping": name, "level": mapping.level, "seconds": seconds,
+                     "tokens_per_second": tokens / seconds, "ratio_to_floor": ratio,
+                     "within_target": ok})
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "benchmark": "bench_mappings", "n": args.n, "t": args.t, "ragged": args.ragged,
+        "repeats": args.repeats, "numpy": np.__version__, "python": platform.python_version(),
+        "machine": platform.processor() or platform.machine(),
+        "floor_seconds": floor, "floor_tokens_per_second": tokens / floor,
+        "target_ratio": TARGET_RATIO, "results": rows,
+    }, indent=2))
+    print(f"written {out}")
+    if failures:
+        print(f"above {TARGET_RATIO:g}x the floor: {', '.join(failures)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,11 @@
+"""Environments with oracle quantities (exact π, J, ∇J) that sample batches for the estimators.
+
+An environment provides sampling (``sample``), the log-ratios of its samples, the exact policy
+gradient ``grad_J`` and gradient accumulation ``accumulate(actions, token_weights)`` =
+Σ_{i,t} λ_{i,t} ∇θ log π(y_{i,t}|s_{i,t}); the estimators (:mod:`simkit.estimators`) provide the
+per-token weights λ.
+"""
+
+from simkit.envs.bandit import Bandit, BanditBatch, BanditSupport
+
+__all__ = ["Bandit", "BanditBatch", "BanditSupport"]

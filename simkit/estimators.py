@@ -1,0 +1,348 @@
+"""Policy-gradient estimators: weight mapping × aggregation × advantage → per-token weights λ.
+
+Every estimator of the reference sheet (``shared/reference/weight-mappings.md``) is
+
+    ĝ = Σ_i Σ_t λ_{i,t} ∇θ log πθ(y_{i,t} | s_{i,t}),     λ_{i,t} = c_{i,t} · A_i / Z_i,
+
+with c the mapping's effective coefficient (:mod:`simkit.mappings`), A_i the sequence advantage
+(section E) and 1/Z_i the aggregation weight (section D). An :class:`Estimator` produces λ
+(:meth:`Estimator.token_weights`); the environment turns λ into a gradient
+(``env.accumulate(actions, λ)``) without materialising per-sample gradients.
+
+Shapes: ``N`` samples (sequences) per batch, ``T`` tokens per sample; every function also
+accepts leading batch axes ``L...`` (independent batches, e.g. Monte Carlo repetitions), so
+``rewards`` is (L..., N) and ``log_ratio``/``mask`` are (L..., N, T).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from simkit.mappings import Mapping, get
+
+AGGREGATIONS = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+)
+ADVANTAGES = ("oracle", "grpo", "dr_grpo", "rloo", "raw")
+GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo")
+#: advantages that are a function of one sample's reward only (no coupling inside a batch)
+PER_SAMPLE_ADVANTAGES = ("oracle", "raw")
+#: GRPO's ε in A = (R − mean)/(std + ε): verl's default (TRL adds 1e-4 instead)
+DEFAULT_ADV_EPS = 1e-6
+
+
+# --- advantages -----------------------------------------------------------------------------
+
+def advantages(rewards, kind: str, J=None, group_size: int | None = None,
+               eps: float = DEFAULT_ADV_EPS) -> np.ndarray:
+    """Sequence advantages A of shape (L..., N) from rewards R of shape (L..., N).
+
+    Reference sheet section E. Groups are ``group_size`` = G *consecutive* samples along the
+    last axis (the G responses to one prompt); N must be a multiple of G.
+
+    - ``"oracle"``: A = R − J(π) (``J`` required, a scalar or broadcastable to (L..., N));
+      isolates the importance-sampling effect (exact baseline).
+    - ``"raw"``: A = R (no baseline).
+    - ``"grpo"``: A = (R − mean_G) / (std_G + ε) (DeepSeekMath, Shao et al. 2024, eq. in §4.1.2),
+      std_G the *unbiased* group standard deviation (ddof = 1), as ``torch.std`` computes it in
+      both verl (``compute_grpo_outcome_advantage``, ε = 1e-6) and TRL (``GRPOTrainer``,
+      ε = 1e-4). G ≥ 2.
+    - ``"dr_grpo"``: A = R − mean_G (Dr. GRPO, Liu et al. 2025, "Understanding R1-Zero-like
+      training": the std normalisation removed).
+    - ``"rloo"``: A = R − (1/(G−1)) Σ_{j≠i} R_j (leave-one-out baseline, Ahmadian et al. 2024),
+      i.e. G/(G−1) · (R − mean_G).
+    """
+    R = np.asarray(rewards, dtype=np.float64)
+    if R.ndim < 1:
+        raise ValueError("rewards must have shape (..., N), got a scalar")
+    if not np.all(np.isfinite(R)):
+        raise ValueError("rewards contains non-finite entries")
+    if kind not in ADVANTAGES:
+        raise ValueError(f"unknown advantage {kind!r}; valid advantages: {', '.join(ADVANTAGES)}")
+    if kind in GROUP_ADVANTAGES:
+        G = _check_group_size(group_size, kind)
+        N = R.shape[-1]
+        if N % G:
+            raise ValueError(
+                f"the number of samples N = {N} is not divisible by group_size G = {G} "
+                f"(advantage {kind!r} needs whole groups)"
+            )
+        grouped = R.reshape((*R.shape[:-1], N // G, G))
+        centred = grouped - grouped.mean(axis=-1, keepdims=True)
+        if kind == "grpo":
+            if not eps >= 0:
+                raise ValueError(f"eps must be >= 0, got {eps}")
+            std = grouped.std(axis=-1, ddof=1, keepdims=True)
+            if eps == 0 and np.any(std == 0):
+                raise ValueError("eps = 0 with a group of identical rewards divides by zero")
+            out = centred / (std + eps)
+        elif kind == "dr_grpo":
+            out = centred
+        else:
+            out = centred * (G / (G - 1))
+        return out.reshape(R.shape)
+    if group_size is not None:
+        raise ValueError(
+            f"group_size applies to the group advantages {GROUP_ADVANTAGES} only, "
+            f"not to {kind!r}"
+        )
+    if kind == "raw":
+        return R.copy()
+    if J is None:
+        raise ValueError("advantage 'oracle' (A = R - J) needs the exact J")
+    J_arr = np.asarray(J, dtype=np.float64)
+    if not np.all(np.isfinite(J_arr)):
+        raise ValueError(f"J must be finite, got {J}")
+    try:
+        return R - J_arr
+    except ValueError:
+        raise ValueError(
+            f"J of shape {J_arr.shape} does not broadcast against rewards of shape {R.shape}"
+        ) from None
+
+
+def _check_group_size(group_size, kind: str) -> int:
+    if group_size is None:
+        raise ValueError(f"advantage {kind!r} needs a group_size G (>= 2)")
+    if isinstance(group_size, bool) or not isinstance(group_size, int | np.integer) \
+            or group_size < 2:
+        raise ValueError(f"group_size must be an integer >= 2, got {group_size!r}")
+    return int(group_size)
+
+
+# --- aggregation ----------------------------------------------------------------------------
+
+def aggregation_weights(mask, mode: str, max_length: int | None = None) -> np.ndarray:
+    """Per-token aggregation weights 1/Z_i, shape (L..., N, T), 0 on padding.
+
+    Reference sheet section D, for one batch of N sequences (each leading index of
+    ``mask`` (L..., N, T) is a separate batch):
+
+    - ``"token-mean"``: Z = Σ_{i,t} mask (valid tokens of the batch; DAPO, verl default);
+    - ``"seq-mean-token-mean"``: Z_i = N·|y_i| (mean of per-sequence means; GRPO paper, GSPO);
+    - ``"seq-mean-token-sum"``: Z = N (REINFORCE, unbiased for the sequence objective);
+    - ``"seq-mean-token-sum-norm"``: Z = N·L_max (Dr. GRPO) with L_max = ``max_length`` if given,
+      else the batch's T dimension; ``max_length`` must be at least the longest valid length.
+
+    A batch or sequence without valid tokens gets weight 0 (nothing to aggregate).
+    """
+    m = np.asarray(mask)
+    if m.ndim < 2:
+        raise ValueError(f"mask must have shape (..., N, T), got shape {m.shape}")
+    if m.dtype != bool:
+        if not np.all((m == 0) | (m == 1)):
+            raise ValueError("mask must be boolean (or 0/1)")
+        m = m.astype(bool)
+    if mode not in AGGREGATIONS:
+        raise ValueError(
+            f"unknown aggregation {mode!r}; valid aggregations: {', '.join(AGGREGATIONS)}"
+        )
+    if max_length is not None and mode != "seq-mean-token-sum-norm":
+        raise ValueError(
+            f"max_length applies to aggregation 'seq-mean-token-sum-norm' only, not {mode!r}"
+        )
+    N, T = m.shape[-2], m.shape[-1]
+    lengths = m.sum(axis=-1)  # (L..., N)
+    if mode == "token-mean":
+        total = lengths.sum(axis=-1, keepdims=True)[..., None]  # (L..., 1, 1)
+        inv_z = np.divide(1.0, total, out=np.zeros(total.shape), where=total > 0)
+    elif mode == "seq-mean-token-mean":
+        per_seq = (N * lengths)[..., None]
+        inv_z = np.divide(1.0, per_seq, out=np.zeros(per_seq.shape), where=per_seq > 0)
+    elif mode == "seq-mean-token-sum":
+        inv_z = np.array(1.0 / N)
+    else:
+        L_max = T if max_length is None else _check_max_length(max_length)
+        longest = int(lengths.max()) if lengths.size else 0
+        if longest > L_max:
+            raise ValueError(
+                f"max_length = {L_max} is shorter than the longest sequence ({longest} valid "
+                f"tokens)"
+            )
+        inv_z = np.array(1.0 / (N * L_max))
+    return np.where(m, inv_z, 0.0)
+
+
+def _check_max_length(max_length) -> int:
+    if isinstance(max_length, bool) or not isinstance(max_length, int | np.integer) \
+            or max_length < 1:
+        raise ValueError(f"max_length must be a positive integer, got {max_length!r}")
+    return int(max_length)
+
+
+# --- the estimator --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Estimator:
+    """A policy-gradient estimator: ``mapping`` × ``aggregation`` × ``advantage``.
+
+    Parameters
+    ----------
+    mapping : Mapping or str
+        The weight mapping (a name is built with ``simkit.mappings.get(name)`` defaults).
+    aggregation : str
+        One of :data:`AGGREGATIONS` (default ``"token-mean"``).
+    advantage : str
+        One of :data:`ADVANTAGES` (default ``"oracle"``).
+    group_size : int, optional
+        G for the group advantages ``grpo``/``dr_grpo``/``rloo`` (required there, >= 2, and
+        rejected for the others). The batch size must be a multiple of G.
+    adv_eps : float
+        ε of GRPO's (R − mean)/(std + ε) (default 1e-6 as verl; TRL uses 1e-4).
+    max_length : int, optional
+        L_max of ``seq-mean-token-sum-norm`` (default: the batch's T); rejected for the other
+        aggregations.
+    name : str
+        Row label in experiment tables; default ``"<mapping label> [<aggregation>, <advantage>]"``.
+    """
+
+    mapping: Mapping | str
+    aggregation: str = "token-mean"
+    advantage: str = "oracle"
+    group_size: int | None = None
+    adv_eps: float = DEFAULT_ADV_EPS
+    max_length: int | None = None
+    name: str = ""
+
+    def __post_init__(self):
+        mapping = self.mapping
+        if isinstance(mapping, str):
+            mapping = get(mapping)
+        elif not isinstance(mapping, Mapping):
+            raise TypeError(
+                f"mapping must be a simkit.mappings.Mapping or a mapping name, "
+                f"got {type(mapping).__name__}"
+            )
+        object.__setattr__(self, "mapping", mapping)
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(
+                f"unknown aggregation {self.aggregation!r}; valid aggregations: "
+                f"{', '.join(AGGREGATIONS)}"
+            )
+        if self.advantage not in ADVANTAGES:
+            raise ValueError(
+                f"unknown advantage {self.advantage!r}; valid advantages: {', '.join(ADVANTAGES)}"
+            )
+        if self.advantage in GROUP_ADVANTAGES:
+            object.__setattr__(self, "group_size", _check_group_size(self.group_size,
+                                                                     self.advantage))
+        elif self.group_size is not None:
+            raise ValueError(
+                f"group_size applies to the group advantages {GROUP_ADVANTAGES} only, "
+                f"not to advantage {self.advantage!r}"
+            )
+        if not (np.isfinite(self.adv_eps) and self.adv_eps >= 0):
+            raise ValueError(f"adv_eps must be finite and >= 0, got {self.adv_eps}")
+        if self.max_length is not None:
+            if self.aggregation != "seq-mean-token-sum-norm":
+                raise ValueError(
+                    "max_length applies to aggregation 'seq-mean-token-sum-norm' only, "
+                    f"not {self.aggregation!r}"
+                )
+            object.__setattr__(self, "max_length", _check_max_length(self.max_length))
+        if not isinstance(self.name, str):
+            raise TypeError(f"name must be a string, got {type(self.name).__name__}")
+        if not self.name:
+            adv = self.advantage
+            if self.group_size is not None:
+                adv = f"{adv}, G={self.group_size}"
+            object.__setattr__(self, "name", f"{mapping.label} [{self.aggregation}, {adv}]")
+
+    @property
+    def per_sample(self) -> bool:
+        """True iff ĝ is a sum of one independent term per sample (the exact path applies).
+
+        That holds when the mapping is not batch dependent and the advantage depends on the
+        sample's own reward only (``oracle`` or ``raw``). It also needs a deterministic Z, which
+        is the case for fixed-length batches (every aggregation on the T = 1 bandit).
+        """
+        return (not self.mapping.batch_dependent) and self.advantage in PER_SAMPLE_ADVANTAGES
+
+    def check_batch_size(self, n: int) -> None:
+        """Raise ``ValueError`` if a batch of ``n`` samples cannot be split into groups."""
+        if self.group_size is not None and n % self.group_size:
+            raise ValueError(
+                f"estimator {self.name!r}: the batch size n = {n} is not divisible by "
+                f"group_size G = {self.group_size}"
+            )
+
+    def advantages(self, rewards, J=None) -> np.ndarray:
+        """This estimator's advantages A (L..., N) (see :func:`advantages`)."""
+        return advantages(rewards, self.advantage, J=J, group_size=self.group_size,
+                          eps=self.adv_eps)
+
+    def aggregation_weights(self, mask) -> np.ndarray:
+        """This estimator's 1/Z per token (L..., N, T) (see :func:`aggregation_weights`)."""
+        return aggregation_weights(mask, self.aggregation, self.max_length)
+
+    def coefficients(self, log_ratio, mask, advantages) -> np.ndarray:
+        """The mapping's coefficients c (L..., N, T), with leading batch axes.
+
+        Each leading index is one batch. A mapping that is not batch dependent sees all the
+        batches at once (its rows are independent); a batch-dependent one is called per batch.
+        """
+        lr = np.asarray(log_ratio, dtype=np.float64)
+        m = np.asarray(mask)
+        adv = np.asarray(advantages, dtype=np.float64)
+        if lr.ndim < 2:
+            raise ValueError(f"log_ratio must have shape (..., N, T), got shape {lr.shape}")
+        if m.shape != lr.shape:
+            raise ValueError(f"shape mismatch: log_ratio has shape {lr.shape}, mask has {m.shape}")
+        if adv.shape != lr.shape[:-1]:
+            raise ValueError(
+                f"advantages must have shape log_ratio.shape[:-1] = {lr.shape[:-1]}, "
+                f"got {adv.shape}"
+            )
+        N, T = lr.shape[-2:]
+        lead = lr.shape[:-2]
+        if not lead:
+            return self.mapping.coefficients(lr, m, adv)
+        if not self.mapping.batch_dependent:
+            c = self.mapping.coefficients(lr.reshape(-1, T), m.reshape(-1, T), adv.reshape(-1))
+            return c.reshape(lr.shape)
+        B = int(np.prod(lead))
+        lr_b, m_b, adv_b = lr.reshape(B, N, T), m.reshape(B, N, T), adv.reshape(B, N)
+        c = np.stack([self.mapping.coefficients(lr_b[b], m_b[b], adv_b[b]) for b in range(B)])
+        return c.reshape(lr.shape)
+
+    def token_weights(self, log_ratio, mask, rewards, J=None, return_coefficients=False):
+        """Per-token weights λ = c · A / Z of shape (L..., N, T).
+
+        ``log_ratio``, ``mask`` (L..., N, T); ``rewards`` (L..., N); ``J`` the exact J(π) (used
+        by the ``oracle`` advantage only). The gradient estimate is then
+        ``env.accumulate(actions, λ)``. With ``return_coefficients=True`` returns ``(λ, c)``.
+        """
+        lr = np.asarray(log_ratio, dtype=np.float64)
+        R = np.asarray(rewards, dtype=np.float64)
+        if lr.ndim < 2 or R.shape != lr.shape[:-1]:
+            raise ValueError(
+                f"rewards must have shape log_ratio.shape[:-1]; got rewards {R.shape}, "
+                f"log_ratio {lr.shape}"
+            )
+        self.check_batch_size(lr.shape[-2])
+        adv = self.advantages(R, J)
+        c = self.coefficients(lr, mask, adv)
+        lam = c * adv[..., None] * self.aggregation_weights(mask)
+        return (lam, c) if return_coefficients else lam
+
+    def gradient(self, env, batch) -> np.ndarray:
+        """ĝ = ``env.accumulate(batch.actions, λ)`` for a sampled batch, shape (L..., D)."""
+        lam = self.token_weights(batch.log_ratio, batch.mask, batch.rewards, batch.J)
+        return env.accumulate(batch.actions, lam)
+
+
+def as_estimator(spec) -> Estimator:
+    """Coerce an :class:`Estimator`, a :class:`~simkit.mappings.Mapping` or a mapping name."""
+    if isinstance(spec, Estimator):
+        return spec
+    if isinstance(spec, Mapping | str):
+        return Estimator(spec)
+    raise TypeError(
+        f"an estimator must be an Estimator, a Mapping or a mapping name, "
+        f"got {type(spec).__name__}"
+    )

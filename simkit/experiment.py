@@ -1,0 +1,536 @@
+"""Bias / variance / MSE / cosine / ESS / k̂ tables of gradient estimators, exact or Monte Carlo.
+
+:func:`run` measures, for each estimator, the n-sample gradient estimate ĝ against the exact
+policy gradient ∇J of an environment (DESIGN.md, "Metrics"):
+
+- ``bias`` = ‖E ĝ − ∇J‖;
+- ``bias_dir`` = ‖E ĝ − α*∇J‖ with α* = ⟨E ĝ, ∇J⟩/‖∇J‖² (:func:`best_scale`): the distance
+  from E ĝ to the *line* spanned by ∇J, i.e. the bias left after the best rescaling (a pure
+  rescaling is only a step size). α* is unconstrained and may be negative (an estimator that
+  points backwards has a small ``bias_dir`` but a negative ``cosine``);
+- ``cosine`` = cos(E ĝ, ∇J) (NaN when either is 0);
+- ``variance`` = E‖ĝ − E ĝ‖² (trace of the covariance of the n-sample estimator);
+- ``mse`` = E‖ĝ − ∇J‖² = bias² + variance;
+- ``snr`` = ‖E ĝ‖² / variance;
+- ``ess`` = n·(E|c|)² / E[c²] over the effective coefficients c of the drawn tokens
+  (:func:`effective_sample_size`; n/(1+χ²) for sequence IS, n for naive);
+- ``khat`` = the PSIS Pareto k̂ of the coefficient magnitudes |c| (:func:`khat_of_weights`).
+
+Two paths compute them.
+
+**Exact** (estimators whose ĝ is a sum of independent per-sample terms,
+``Estimator.per_sample``): ĝ = (1/Z) Σ_i g_i with g_i = c(y_i, sign A_i)·A_i·∇log π(y_i)
+i.i.d. The coefficient c depends on the sample only through its log-ratio (a function of y)
+and the sign of A (mapping contract), so E g and E‖g‖² are *finite sums* over the atoms
+(y, sign A) of the environment's support (``env.support``), weighted by the exact partial
+moments E[A·1{atom}] and E[A²·1{atom}] (closed forms for Bernoulli and Gaussian rewards). With
+κ = 1/Z (every aggregation has a deterministic Z on fixed-length batches; Z = n on the bandit),
+E ĝ = n·κ·E g and Var ĝ = n·κ²·(E‖g‖² − ‖E g‖²): no sampling error at all. ``ess`` is exact
+too; ``khat`` has no closed form and is always estimated from draws.
+
+**Monte Carlo** (everything else, or ``exact=False``): ``reps`` independent batches of n draws
+(drawn at once), ĝ_r per batch; E ĝ ≈ ḡ, variance = trace of the sample covariance (ddof 1).
+``bias``, ``bias_dir`` and ``snr``'s numerator are debiased for the noise of ḡ
+(E‖ḡ − v‖² = ‖E ĝ − v‖² + variance/reps, so variance/reps is subtracted, clipped at 0): that
+makes ``mse`` = bias² + variance equal to the unbiased mean of ‖ĝ_r − ∇J‖² (unless clipped),
+and stops an unbiased estimator from showing a spurious bias of order √(variance/reps).
+Confidence bounds (``*_lo``/``*_hi``, at ``level``) come from a seeded bootstrap over the reps:
+
+- ``bias``, ``bias_dir``, ``cosine``: from one confidence *ball* for E ĝ, centred at ḡ with
+  radius ρ = the ``level`` quantile of ‖ḡ* − ḡ‖ over bootstrap replicates ḡ*. For every point
+  of the ball the three quantities lie in the reported intervals (triangle inequality and the
+  angle subtended by the ball), so the bounds hold simultaneously and do not fail at the
+  boundary (an unbiased estimator's bias interval starts at 0, its cosine interval reaches 1);
+- ``variance``, ``mse``: studentized bootstrap (bootstrap-t, second-order accurate for these
+  means of skewed per-rep values ‖ĝ_r − ḡ‖² and ‖ĝ_r − ∇J‖²; they cover slightly less than
+  ``level`` when reps is small, e.g. ≈ 0.87–0.90 at level 0.9);
+- ``ess``: percentile bootstrap;
+- ``snr``: [‖·‖²-bounds of the ball] / [variance bounds] (conservative).
+
+``khat`` has no bounds; it is computed from the coefficients of all reps·n drawn samples, on
+exact rows too. Exact rows have NaN bounds.
+
+Randomness: one ``SeedSequence(seed)`` spawns a stream for the batches and a stream for the
+bootstrap. Every estimator is evaluated on the *same* batches (common random numbers) with the
+same bootstrap resamples, so adding or removing an estimator never changes another's numbers,
+differences between estimators are measured with less noise, and the same seed gives the same
+table.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from simkit.estimators import Estimator, as_estimator
+from simkit.mappings.psis import psis_khat
+
+#: metrics that carry ``*_lo``/``*_hi`` bounds on the Monte Carlo path
+BOUNDED_METRICS = ("bias", "bias_dir", "cosine", "variance", "mse", "snr", "ess")
+DIVERGENCE_COLUMNS = ("chi2_tok", "kl_tok", "tv_tok", "chi2_seq", "kl_seq", "tv_seq")
+#: a progress bar is shown (``progress=None``) when the Monte Carlo work, counted in drawn
+#: tokens times estimators, exceeds this
+PROGRESS_THRESHOLD = 2_000_000
+
+
+# --- metric functions (pure, one per quantity) ------------------------------------------------
+
+def best_scale(mean, grad_J) -> float:
+    """α* = ⟨E ĝ, ∇J⟩ / ‖∇J‖², the least-squares scale of ∇J closest to E ĝ (may be < 0).
+
+    0 when ∇J = 0. ``mean``, ``grad_J``: (D,).
+    """
+    mean, grad_J = _vectors(mean, grad_J)
+    norm2 = float(grad_J @ grad_J)
+    return float(mean @ grad_J) / norm2 if norm2 > 0 else 0.0
+
+
+def bias(mean, grad_J) -> float:
+    """‖E ĝ − ∇J‖ for E ĝ = ``mean`` (D,) and ∇J = ``grad_J`` (D,)."""
+    mean, grad_J = _vectors(mean, grad_J)
+    return float(np.linalg.norm(mean - grad_J))
+
+
+def bias_dir(mean, grad_J) -> float:
+    """‖E ĝ − α*∇J‖: distance from E ĝ to the line through ∇J (see :func:`best_scale`)."""
+    mean, grad_J = _vectors(mean, grad_J)
+    return float(np.linalg.norm(mean - best_scale(mean, grad_J) * grad_J))
+
+
+def cosine(mean, grad_J) -> float:
+    """cos(E ĝ, ∇J) = ⟨E ĝ, ∇J⟩ / (‖E ĝ‖‖∇J‖); NaN when either vector is 0."""
+    mean, grad_J = _vectors(mean, grad_J)
+    denom = float(np.linalg.norm(mean) * np.linalg.norm(grad_J))
+    return float(mean @ grad_J) / denom if denom > 0 else math.nan
+
+
+def snr(mean_sq: float, variance: float) -> float:
+    """Signal-to-noise ratio ‖E ĝ‖² / E‖ĝ − E ĝ‖² (inf for a noiseless non-zero signal)."""
+    if variance > 0:
+        return mean_sq / variance
+    return math.inf if mean_sq > 0 else math.nan
+
+
+def effective_sample_size(n: int, abs_mean: float, sq_mean: float) -> float:
+    """ESS = n·(E|c|)² / E[c²] of the effective coefficients c (0 when every c is 0).
+
+    The population form of Kish's (Σ|c|)²/Σc²: for sequence IS (c = W) it is n/(1 + χ²)
+    (E W = 1, E W² = 1 + χ²; reference sheet section F), for naive (c = 1) it is n.
+    """
+    return n * abs_mean**2 / sq_mean if sq_mean > 0 else 0.0
+
+
+def khat_of_weights(weights) -> float:
+    """Pareto-smoothed importance-sampling k̂ of non-negative ``weights`` (S,).
+
+    Vehtari et al., "Pareto smoothed importance sampling", JMLR 2024: k̂ < 0.5 finite variance,
+    0.5–0.7 usable, > 0.7 unreliable. Delegates to :func:`simkit.mappings.psis.psis_khat` (on
+    log-weights, so zeros need care): zero weights are given the log-weight max − 1000, which
+    PSIS treats exactly as a zero (exp underflows) and which stays out of the fitted tail unless
+    fewer than the tail's M draws are positive. Conventions of ``psis_khat``: −inf when the
+    largest draws are all equal (bounded weights with few distinct values, e.g. a small bandit:
+    no tail), +inf with fewer than 25 draws; NaN here when every weight is 0.
+    """
+    w = np.asarray(weights, dtype=np.float64).ravel()
+    if w.size == 0 or np.any(w < 0) or not np.all(np.isfinite(w)):
+        raise ValueError("khat_of_weights needs a non-empty array of finite non-negative weights")
+    positive = w > 0
+    if not positive.any():
+        return math.nan
+    log_w = np.empty_like(w)
+    log_w[positive] = np.log(w[positive])
+    log_w[~positive] = log_w[positive].max() - 1000.0
+    return float(psis_khat(log_w))
+
+
+def _vectors(mean, grad_J):
+    mean = np.asarray(mean, dtype=np.float64)
+    grad_J = np.asarray(grad_J, dtype=np.float64)
+    if mean.ndim != 1 or mean.shape != grad_J.shape:
+        raise ValueError(
+            f"mean and grad_J must be vectors of the same shape (D,), got {mean.shape} and "
+            f"{grad_J.shape}"
+        )
+    return mean, grad_J
+
+
+# --- the two paths --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ExactMoments:
+    """Exact moments of an n-sample per-sample estimator: ``mean`` E ĝ (D,), ``variance``
+    E‖ĝ − E ĝ‖², ``ess`` (see :func:`effective_sample_size`)."""
+
+    mean: np.ndarray
+    variance: float
+    ess: float
+
+
+def exact_moments(env, behaviour, estimator, n: int) -> ExactMoments:
+    """E ĝ, Var ĝ and ESS of an n-sample estimator by enumeration of the support (exact).
+
+    Needs ``estimator.per_sample``. With the atoms (y, sign A) of ``env.support(μ, b)`` (b = J
+    for the oracle advantage, 0 for raw), c the mapping's coefficient on each atom (one (M, 1)
+    call), κ = 1/Z:
+
+        E g  = Σ_atoms c · E[A·1{atom}] · ∇log π(y)
+        E‖g‖² = Σ_atoms c² · E[A²·1{atom}] · ‖∇log π(y)‖²
+        E ĝ = n·κ·E g,   Var ĝ = n·κ²·(E‖g‖² − ‖E g‖²)
+
+    exact because ĝ = κ Σ_i g_i with g_i i.i.d. and c a function of the atom only (module
+    docstring).
+    """
+    est = as_estimator(estimator)
+    if not est.per_sample:
+        raise ValueError(f"estimator {est.name!r} is not per-sample: {_why_not_exact(est)}")
+    est.check_batch_size(n)
+    mu = env.check_policy(behaviour, "behaviour")
+    baseline = env.J() if est.advantage == "oracle" else 0.0
+    atoms = env.support(mu, baseline)
+    c = est.mapping.coefficients(atoms.log_ratio, atoms.mask, atoms.advantage_sign)[:, 0]
+    kappa = float(est.aggregation_weights(np.ones((n, env.T), dtype=bool))[0, 0])
+    first = env.accumulate(atoms.actions, c * atoms.adv_first)  # E g, (D,)
+    scores = env.accumulate(atoms.actions[:, None], np.ones((atoms.actions.shape[0], 1)))
+    second = float(np.sum(c**2 * atoms.adv_second * np.sum(scores**2, axis=-1)))
+    var_one = max(second - float(first @ first), 0.0)
+    abs_c = np.abs(c)
+    ess = effective_sample_size(n, float(atoms.prob @ abs_c), float(atoms.prob @ abs_c**2))
+    return ExactMoments(mean=n * kappa * first, variance=n * kappa**2 * var_one, ess=ess)
+
+
+@dataclass(frozen=True)
+class MonteCarloDraws:
+    """Per-repetition results of an estimator on ``reps`` batches.
+
+    ``gradients`` (reps, D) the estimates ĝ_r; ``coefficients`` (reps, n, T) the mapping's c;
+    ``mask`` (reps, n, T).
+    """
+
+    gradients: np.ndarray
+    coefficients: np.ndarray
+    mask: np.ndarray
+
+
+def sample_gradients(env, batch, estimator) -> MonteCarloDraws:
+    """ĝ_r = ``env.accumulate(actions_r, λ_r)`` for every batch r of ``batch`` (reps, n, …).
+
+    Raises ``ValueError`` naming the estimator if its mapping returns a non-finite coefficient.
+    """
+    est = as_estimator(estimator)
+    lam, c = est.token_weights(batch.log_ratio, batch.mask, batch.rewards, batch.J,
+                               return_coefficients=True)
+    mask = np.asarray(batch.mask, dtype=bool)
+    bad = int(np.count_nonzero(~np.isfinite(c[mask])))
+    if bad:
+        raise ValueError(
+            f"estimator {est.name!r}: mapping {est.mapping.name!r} returned non-finite "
+            f"coefficients (NaN/inf) on {bad} of {int(mask.sum())} drawn tokens"
+        )
+    return MonteCarloDraws(gradients=env.accumulate(batch.actions, lam), coefficients=c,
+                           mask=mask)
+
+
+def _bootstrap_weights(reps: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """(n_boot, reps) resampling weights (counts / reps) of a nonparametric bootstrap."""
+    idx = rng.integers(0, reps, size=(n_boot, reps))
+    flat = (np.arange(n_boot)[:, None] * reps + idx).ravel()
+    return np.bincount(flat, minlength=n_boot * reps).reshape(n_boot, reps) / reps
+
+
+def _ball_norm_bounds(norm: float, radius: float) -> tuple[float, float]:
+    return max(norm - radius, 0.0), norm + radius
+
+
+def _ball_cosine_bounds(mean, grad_J, radius: float) -> tuple[float, float]:
+    """Range of cos(m, ∇J) over the ball ‖m − mean‖ ≤ radius."""
+    norm = float(np.linalg.norm(mean))
+    cos0 = cosine(mean, grad_J)
+    if math.isnan(cos0) or radius >= norm:
+        return (math.nan, math.nan) if np.linalg.norm(grad_J) == 0 else (-1.0, 1.0)
+    angle = math.acos(min(max(cos0, -1.0), 1.0))
+    half = math.asin(radius / norm)
+    return math.cos(min(angle + half, math.pi)), math.cos(max(angle - half, 0.0))
+
+
+def _studentized_bounds(x, W, level: float, scale: float = 1.0, shift=0.0
+                        ) -> tuple[float, float]:
+    """Bootstrap-t bounds for scale·E[x] from per-rep values ``x`` (R,), clipped at 0.
+
+    Replicates m* = scale·(W@x − shift) with standard errors se* = scale·sd_W(x)/√R;
+    t* = (m* − m)/se*, bounds [m − q_hi(t*)·se, m − q_lo(t*)·se]. ``shift`` (B,) corrects for
+    statistics centred at the replicate's own mean (the variance: Σ w‖g − ḡ*‖² =
+    W@‖g − ḡ‖² − ‖ḡ* − ḡ‖²). Studentizing makes the bounds second-order accurate for means
+    of skewed per-rep values (Efron & Tibshirani 1993, ch. 12).
+    """
+    R = x.shape[0]
+    m = scale * float(x.mean())
+    se = scale * float(x.std()) / math.sqrt(R)
+    if se == 0:
+        return m, m
+    m_b = scale * (W @ x - shift)
+    se_b = scale * np.sqrt(np.maximum(W @ x**2 - (W @ x) ** 2, 0.0)) / math.sqrt(R)
+    ok = se_b > 0
+    if not ok.any():
+        return m, m
+    t = (m_b[ok] - m) / se_b[ok]
+    tail = (1.0 - level) / 2.0
+    t_lo, t_hi = np.quantile(t, [tail, 1.0 - tail])
+    return max(m - float(t_hi) * se, 0.0), m - float(t_lo) * se
+
+
+def monte_carlo_metrics(draws: MonteCarloDraws, grad_J, n: int, boot_weights: np.ndarray,
+                        level: float = 0.95) -> dict[str, float]:
+    """Metrics and bounds from Monte Carlo draws (module docstring: debiasing and bounds).
+
+    ``boot_weights`` (B, reps) bootstrap resampling weights (rows sum to 1).
+    """
+    g = draws.gradients
+    R = g.shape[0]
+    if R < 2:
+        raise ValueError(f"Monte Carlo metrics need reps >= 2, got {R}")
+    grad_J = np.asarray(grad_J, dtype=np.float64)
+    mean = g.mean(axis=0)
+    err_sq = np.sum((g - grad_J) ** 2, axis=1)
+    variance = float(np.sum(g.var(axis=0, ddof=1)))
+    noise = variance / R  # E‖ḡ − E ĝ‖²
+    bias2 = max(float(np.sum((mean - grad_J) ** 2)) - noise, 0.0)
+    alpha = best_scale(mean, grad_J)
+    gnorm2 = float(grad_J @ grad_J)
+    u = grad_J / math.sqrt(gnorm2) if gnorm2 > 0 else np.zeros_like(grad_J)
+    proj = g @ u
+    noise_perp = noise - (float(proj.var(ddof=1)) / R if gnorm2 > 0 else 0.0)
+    perp = mean - alpha * grad_J
+    bias_dir2 = max(float(perp @ perp) - noise_perp, 0.0)
+    mean_sq = max(float(mean @ mean) - noise, 0.0)
+
+    c = np.abs(draws.coefficients) * draws.mask
+    s1 = c.sum(axis=(1, 2))
+    s2 = (c**2).sum(axis=(1, 2))
+    tokens = draws.mask.sum(axis=(1, 2)).astype(np.float64)
+
+    def ess_of(abs_sum, sq_sum, count):
+        # n·(mean|c|)²/mean(c²) = n·(Σ|c|)²/(Σc²·count), 0 when every c is 0
+        denom = sq_sum * count
+        return n * np.divide(abs_sum**2, denom, out=np.zeros_like(denom), where=denom > 0)
+
+    ess = float(ess_of(np.array(s1.sum()), np.array(s2.sum()), np.array(tokens.sum())))
+
+    # bootstrap replicates (weights W: (B, R), rows sum to 1)
+    W = boot_weights
+    mean_b = W @ g
+    dev_sq = np.sum((g - mean) ** 2, axis=1)  # variance = mean(dev_sq)·R/(R−1)
+    ess_b = ess_of(W @ s1, W @ s2, W @ tokens)
+    radius = float(np.quantile(np.linalg.norm(mean_b - mean, axis=1), level))
+    tail = (1.0 - level) / 2.0
+
+    def pct(x):
+        lo, hi = np.quantile(x, [tail, 1.0 - tail])
+        return float(lo), float(hi)
+
+    out = {
+        "bias": math.sqrt(bias2),
+        "bias_dir": math.sqrt(bias_dir2),
+        "cosine": cosine(mean, grad_J),
+        "variance": variance,
+        "mse": bias2 + variance,
+        "snr": snr(mean_sq, variance),
+        "ess": ess,
+    }
+    bounds = {
+        "bias": _ball_norm_bounds(float(np.linalg.norm(mean - grad_J)), radius),
+        "bias_dir": _ball_norm_bounds(float(np.linalg.norm(perp)), radius),
+        "cosine": _ball_cosine_bounds(mean, grad_J, radius),
+        "variance": _studentized_bounds(dev_sq, W, level, R / (R - 1),
+                                        shift=np.sum((mean_b - mean) ** 2, axis=1)),
+        "mse": _studentized_bounds(err_sq, W, level),
+        "ess": pct(ess_b),
+    }
+    num_lo, num_hi = (b**2 for b in _ball_norm_bounds(float(np.linalg.norm(mean)), radius))
+    var_lo, var_hi = bounds["variance"]
+    bounds["snr"] = (num_lo / var_hi if var_hi > 0 else math.nan,
+                     num_hi / var_lo if var_lo > 0 else math.inf)
+    for key, (lo, hi) in bounds.items():
+        out[f"{key}_lo"], out[f"{key}_hi"] = lo, hi
+    return out
+
+
+def exact_metrics(moments: ExactMoments, grad_J) -> dict[str, float]:
+    """Metrics of the exact path (bounds NaN)."""
+    mean = moments.mean
+    b = bias(mean, grad_J)
+    out = {
+        "bias": b,
+        "bias_dir": bias_dir(mean, grad_J),
+        "cosine": cosine(mean, grad_J),
+        "variance": moments.variance,
+        "mse": b**2 + moments.variance,
+        "snr": snr(float(mean @ mean), moments.variance),
+        "ess": moments.ess,
+    }
+    for key in BOUNDED_METRICS:
+        out[f"{key}_lo"] = out[f"{key}_hi"] = math.nan
+    return out
+
+
+def _why_not_exact(est: Estimator) -> str:
+    reasons = []
+    if est.mapping.batch_dependent:
+        reasons.append(f"mapping {est.mapping.name!r} is batch dependent")
+    if est.advantage not in ("oracle", "raw"):
+        reasons.append(f"advantage {est.advantage!r} couples the samples of a group")
+    return " and ".join(reasons)
+
+
+# --- the runner -----------------------------------------------------------------------------
+
+_RESERVED = (
+    "estimator", "mapping", "aggregation", "advantage", "group_size", "adv_eps", "max_length",
+    "T", "n", "reps", *DIVERGENCE_COLUMNS, *BOUNDED_METRICS, "khat", "exact",
+    *(f"{k}_{s}" for k in BOUNDED_METRICS for s in ("lo", "hi")),
+)
+
+
+def run(env, behaviour, estimators, n: int, reps: int = 1000, seed: int = 0, exact="auto",
+        setting: dict | None = None, level: float = 0.95, n_boot: int = 1000,
+        progress: bool | None = None) -> pd.DataFrame:
+    """Bias / variance table of ``estimators`` for n-sample batches drawn from ``behaviour``.
+
+    Parameters
+    ----------
+    env : environment (e.g. :class:`simkit.envs.Bandit`) with the target π and oracle ∇J.
+    behaviour : (K,) probabilities, the behaviour policy μ (validated).
+    estimators : list of :class:`~simkit.estimators.Estimator`, mappings or mapping names
+        (a single one is accepted); their names must be distinct.
+    n : batch size of the estimator (samples per gradient estimate).
+    reps : Monte Carlo repetitions (independent batches, >= 2). Always drawn once: ``khat`` of
+        exact rows is computed from these draws too.
+    seed : seed of the ``SeedSequence`` (module docstring: common random numbers).
+    exact : ``"auto"`` (exact for per-sample estimators, Monte Carlo for the others),
+        ``True`` (exact for all; error naming those that cannot be), ``False`` (Monte Carlo).
+    setting : dict of extra constant columns, e.g. ``{"divergence": "chi2", "target": 0.5}``.
+    level : confidence level of the Monte Carlo bounds; ``n_boot``: bootstrap resamples.
+    progress : show a tqdm bar over estimators (``None``: only when the work is long).
+
+    Returns
+    -------
+    A tidy DataFrame, one row per estimator: ``estimator``, ``mapping``, ``aggregation``,
+    ``advantage``, ``group_size``, ``adv_eps`` (grpo only), ``max_length`` (NaN where they do
+    not apply), one column per mapping hyperparameter (NaN for mappings without it; prefixed
+    ``hp_`` if the name clashes with a column), the ``setting`` columns, ``T``, ``n``, ``reps``,
+    ``chi2_tok`` … ``tv_seq``, the metrics (module docstring) with ``*_lo``/``*_hi`` bounds (NaN
+    on exact rows), ``khat`` and ``exact``.
+    """
+    ests = _coerce_estimators(estimators)
+    mu = env.check_policy(behaviour, "behaviour")
+    n = _int_at_least(n, 1, "n")
+    reps = _int_at_least(reps, 2, "reps")
+    n_boot = _int_at_least(n_boot, 10, "n_boot")
+    if not (isinstance(level, float | int) and 0 < level < 1):
+        raise ValueError(f"level must be in (0, 1), got {level!r}")
+    if exact not in ("auto", True, False):
+        raise ValueError(f"exact must be 'auto', True or False, got {exact!r}")
+    setting = dict(setting or {})
+    clash = sorted(set(setting) & set(_RESERVED))
+    if clash:
+        raise ValueError(f"setting keys {clash} clash with result columns; rename them")
+    hp_names = {k for e in ests for k in e.mapping.hyperparameters}
+    clash = sorted(set(setting) & hp_names)
+    if clash:
+        raise ValueError(f"setting keys {clash} clash with mapping hyperparameter columns")
+    for est in ests:
+        est.check_batch_size(n)
+    if exact is True:
+        bad = [e.name for e in ests if not e.per_sample]
+        if bad:
+            raise ValueError(
+                "exact=True but these estimators have no exact path: "
+                + "; ".join(f"{e.name!r} ({_why_not_exact(e)})" for e in ests if not e.per_sample)
+                + ". Use exact='auto' to run them by Monte Carlo."
+            )
+    use_exact = [e.per_sample and exact is not False for e in ests]
+
+    draw_ss, boot_ss = np.random.SeedSequence(seed).spawn(2)
+    batch = env.sample(mu, n, np.random.default_rng(draw_ss), reps=reps)
+    boot_weights = None
+    if not all(use_exact):
+        boot_weights = _bootstrap_weights(reps, n_boot, np.random.default_rng(boot_ss))
+    grad_J = env.grad_J()
+    divergences = env.divergences(mu)
+
+    if progress is None:
+        work = reps * n * env.T * sum(not x for x in use_exact)
+        progress = len(ests) > 1 and work > PROGRESS_THRESHOLD
+    from tqdm.auto import tqdm
+
+    rows = []
+    for est, is_exact in tqdm(list(zip(ests, use_exact)), desc="estimators",
+                              disable=not progress):
+        draws = sample_gradients(env, batch, est)
+        if is_exact:
+            metrics = exact_metrics(exact_moments(env, mu, est, n), grad_J)
+        else:
+            metrics = monte_carlo_metrics(draws, grad_J, n, boot_weights, level)
+        coeff = np.abs(draws.coefficients[draws.mask])
+        rows.append({
+            **_describe(est),
+            **setting,
+            "T": env.T, "n": n, "reps": reps,
+            **divergences,
+            **metrics,
+            "khat": khat_of_weights(coeff),
+            "exact": is_exact,
+        })
+    return _tidy(rows, ests, list(setting))
+
+
+def _coerce_estimators(estimators) -> list[Estimator]:
+    if isinstance(estimators, Estimator | str) or not hasattr(estimators, "__iter__"):
+        estimators = [estimators]
+    ests = [as_estimator(e) for e in estimators]
+    if not ests:
+        raise ValueError("estimators is empty")
+    names = [e.name for e in ests]
+    dup = sorted({x for x in names if names.count(x) > 1})
+    if dup:
+        raise ValueError(f"estimator names must be distinct; repeated: {dup} (set name=...)")
+    return ests
+
+
+def _describe(est: Estimator) -> dict:
+    return {
+        "estimator": est.name,
+        "mapping": est.mapping.name,
+        "aggregation": est.aggregation,
+        "advantage": est.advantage,
+        "group_size": est.group_size if est.group_size is not None else math.nan,
+        "adv_eps": est.adv_eps if est.advantage == "grpo" else math.nan,
+        "max_length": est.max_length if est.max_length is not None else math.nan,
+        **{("hp_" + k if k in _RESERVED else k): v
+           for k, v in est.mapping.hyperparameters.items()},
+    }
+
+
+def _tidy(rows: list[dict], ests: list[Estimator], setting_cols: list[str]) -> pd.DataFrame:
+    head = ["estimator", "mapping", "aggregation", "advantage", "group_size", "adv_eps",
+            "max_length"]
+    hp_cols = []
+    for est in ests:
+        for k in est.mapping.hyperparameters:
+            col = "hp_" + k if k in _RESERVED else k
+            if col not in hp_cols:
+                hp_cols.append(col)
+    metric_cols = []
+    for key in BOUNDED_METRICS:
+        metric_cols += [key, f"{key}_lo", f"{key}_hi"]
+    cols = [*head, *hp_cols, *setting_cols, "T", "n", "reps", *DIVERGENCE_COLUMNS,
+            *metric_cols, "khat", "exact"]
+    return pd.DataFrame(rows).reindex(columns=cols)
+
+
+def _int_at_least(value, low: int, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return int(value)

@@ -1,0 +1,72 @@
+"""simkit.cli: the figures / info / list subcommands."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from simkit import cli, figures, mappings
+
+
+def test_figures_subcommand_writes_files_and_gallery(tmp_path, capsys):
+    rc = cli.main(["figures", "kernel_shapes", "--out", str(tmp_path), "--small"])
+    assert rc == 0
+    assert (tmp_path / "kernel_shapes.png").stat().st_size > 0
+    assert (tmp_path / "kernel_shapes.pdf").stat().st_size > 0
+    gallery = (tmp_path / "README.md").read_text()
+    assert "kernel_shapes.png" in gallery
+    err = capsys.readouterr().err
+    assert "[1/1] kernel_shapes" in err  # progress per figure
+
+
+def test_unknown_figure_is_an_error_listing_the_figures(tmp_path, capsys):
+    rc = cli.main(["figures", "kernel_shapes", "no_such_figure", "--out", str(tmp_path)])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "no_such_figure" in err
+    for name in figures.available():
+        assert name in err
+    assert not (tmp_path / "kernel_shapes.png").exists()  # validated before any work
+
+
+def test_info_reports_versions(capsys):
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert f"numpy       {np.__version__}" in out
+    for dist in ("simkit", "scipy", "pandas", "matplotlib", "arviz-stats", "torch", "pyarrow",
+                 "jupytext", "distributed"):
+        assert dist in out
+    report = cli.package_versions()
+    assert report["core"]["numpy"] == np.__version__
+    assert set(report) == {"core", "lm", "dist", "notebooks", "dev"}
+
+
+@pytest.mark.parametrize("what", ["mappings", "figures", "shifts"])
+def test_list(what, capsys):
+    assert cli.main(["list", what]) == 0
+    out = capsys.readouterr().out.splitlines()
+    if what == "mappings":
+        assert [line.split()[0] for line in out] == mappings.available()
+    elif what == "figures":
+        assert [line.split()[0] for line in out] == figures.available()
+    else:
+        from simkit import shifts
+
+        assert [line.split()[0] for line in out] == shifts.available()
+
+
+def test_usage_errors_and_help(capsys):
+    assert cli.main([]) == 2  # a command is required
+    assert cli.main(["list", "nothing"]) == 2
+    assert "invalid choice" in capsys.readouterr().err
+    assert cli.main(["figures", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "examples:" in out and "--small" in out
+
+
+def test_python_dash_m_entry_point():
+    proc = subprocess.run([sys.executable, "-m", "simkit", "list", "figures"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "kernel_shapes" in proc.stdout

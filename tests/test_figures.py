@@ -1,0 +1,278 @@
+"""simkit.figures: the registry, the house style, each figure's compute() data, rendering."""
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from simkit import divergence, figures, mappings
+from simkit.figures import (
+    bandit_bias_variance,
+    bias_variance_frontier,
+    divergence_inequalities,
+    kernel_shapes,
+    kernel_shapes_catalogue,
+    style,
+)
+
+EXPECTED = ["kernel_shapes", "kernel_shapes_catalogue", "divergence_inequalities",
+            "bandit_bias_variance", "bias_variance_frontier"]
+
+
+# --- registry and style ------------------------------------------------------------------------
+
+
+def test_registry_lists_every_figure_with_its_interface():
+    assert figures.available() == EXPECTED
+    for name, module in figures.FIGURES.items():
+        assert module.NAME == name
+        assert module.TITLE and module.CAPTION
+        assert dataclasses.is_dataclass(module.Config)
+        for small in (False, True):
+            cfg = module.config(small=small)
+            assert isinstance(cfg, module.Config)
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                cfg.seed = 1  # frozen (assignment fails even for a missing field)
+    with pytest.raises(KeyError, match="available figures: kernel_shapes"):
+        figures.figure_module("nope")
+
+
+def test_every_mapping_has_its_own_style():
+    names = mappings.available()
+    assert set(names) <= set(style.MAPPING_STYLES)
+    pairs = {(style.color(n), style.linestyle(n)) for n in names}
+    assert len(pairs) == len(names)  # no two mappings look the same
+    for name in names:
+        assert style.family(name) in style.FAMILY_COLORS
+    # families share a hue: members of one family are closer to their family colour than to
+    # any other family's (in RGB)
+    from matplotlib.colors import to_rgb
+
+    fam_rgb = {f: np.array(to_rgb(c)) for f, c in style.FAMILY_COLORS.items()}
+    for name in names:
+        rgb = np.array(to_rgb(style.color(name)))
+        nearest = min(fam_rgb, key=lambda f: np.linalg.norm(fam_rgb[f] - rgb))
+        assert nearest == style.family(name), name
+
+
+def test_unknown_mapping_gets_a_deterministic_fallback_style():
+    assert style.style("my_mapping") == style.style("my_mapping")
+    assert style.family("my_mapping") == "other"
+    with pytest.raises(TypeError, match="registry name"):
+        style.color(3)
+
+
+def test_small_from_env(monkeypatch):
+    monkeypatch.setenv("SIMKIT_SMALL", "1")
+    assert figures.small_from_env()
+    monkeypatch.setenv("SIMKIT_SMALL", "0")
+    assert not figures.small_from_env()
+
+
+# --- kernel_shapes -----------------------------------------------------------------------------
+
+
+def test_kernel_shapes_data():
+    # 91 points on [0, 3]: spacing 1/30, so both VESPO argmaxes 2/3 and 3/2 are grid points
+    cfg = kernel_shapes.Config(n_points=91)
+    data = kernel_shapes.compute(cfg)
+    assert len(data) == 4 * 2 * 2 * 91
+    assert np.isfinite(data.value).all()
+    w = np.linspace(0, 3, 91)
+
+    def curve(name, sign, quantity):
+        part = data[(data.curve == name) & (data.advantage == sign) & (data.quantity == quantity)]
+        np.testing.assert_array_equal(part.w, w)
+        return part.value.to_numpy()
+
+    # VESPO drawn peak-normalised: max φ/φ_max = 1 at W = c1/c2 (VESPO Prop. C.1)
+    for sign, argmax in (("A>0", 2 / 3), ("A<0", 1.5)):
+        phi = curve("VESPO (peak-normalised)", sign, "phi")
+        i = int(np.argmax(phi))
+        assert abs(phi[i] - 1.0) < 1e-12
+        assert abs(w[i] - argmax) < 1e-12
+    # hard clip ε = 0.2: φ = W inside the band, 0 outside (reference sheet B)
+    phi_pos, phi_neg = curve("hard clip", "A>0", "phi"), curve("hard clip", "A<0", "phi")
+    np.testing.assert_allclose(phi_pos, np.where(w <= 1.2 + 1e-12, w, 0.0), atol=1e-12)
+    np.testing.assert_allclose(phi_neg, np.where(w >= 0.8 - 1e-12, w, 0.0), atol=1e-12)
+    np.testing.assert_allclose(curve("hard clip", "A>0", "f"), np.minimum(w, 1.2), atol=1e-12)
+    # SAPO c(1) = 1 for both temperatures; identity φ = W
+    at_one = int(np.argmin(np.abs(w - 1.0)))
+    for sign in ("A>0", "A<0"):
+        assert curve("SAPO", sign, "phi")[at_one] == pytest.approx(1.0, abs=1e-12)
+        np.testing.assert_array_equal(curve("IS (φ = W)", sign, "phi"), w)
+    # f and φ are a pair: w·f'(w) = φ(w), by central differences on the grid (interior, smooth
+    # curves; O(h²) error with h = 1/30)
+    for name in ("SAPO", "VESPO (peak-normalised)"):
+        for sign in ("A>0", "A<0"):
+            f, phi = curve(name, sign, "f"), curve(name, sign, "phi")
+            deriv = (f[2:] - f[:-2]) / (w[2:] - w[:-2])
+            np.testing.assert_allclose(w[1:-1] * deriv, phi[1:-1], atol=5e-3)
+
+
+def test_kernel_shapes_config_validation():
+    with pytest.raises(ValueError, match="w_max"):
+        kernel_shapes.Config(w_max=0.5)
+    with pytest.raises(ValueError, match="vespo_k_pos"):
+        kernel_shapes.Config(vespo_k_pos=0.5)
+
+
+def test_kernel_shapes_catalogue_data():
+    data = kernel_shapes_catalogue.compute(kernel_shapes_catalogue.config(small=True))
+    scalar = [n for n in mappings.available()
+              if isinstance(mappings.get(n), mappings.ScalarMapping)]
+    assert list(dict.fromkeys(data.mapping)) == scalar
+    assert set(data.attrs["not_scalar"]) == set(mappings.available()) - set(scalar)
+    assert np.isfinite(data.phi).all()
+    n_points = kernel_shapes_catalogue.config(small=True).n_points - 1
+    assert len(data) == 2 * n_points * len(scalar)
+    # on-policy identity: φ(1) = 1 for both signs (the grid contains 1)
+    at_one = data[np.isclose(data.w, 1.0, rtol=0, atol=1e-12)]
+    for name in scalar:
+        if mappings.mapping_class(name).on_policy_identity:
+            np.testing.assert_allclose(at_one[at_one.mapping == name].phi, 1.0, atol=1e-12)
+    assert set(data.ratio) <= {"r_t", "W", "s"}
+    assert (data[data.mapping == "gspo"].ratio == "s").all()
+
+
+# --- divergence_inequalities -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def inequality_data():
+    return divergence_inequalities.compute(divergence_inequalities.config(small=True))
+
+
+def test_divergence_inequalities_chain_holds_on_every_pair(inequality_data):
+    pairs = inequality_data.pairs
+    cfg = divergence_inequalities.config(small=True)
+    n_settings = len(cfg.concentrations) + len(cfg.perturbations)
+    assert len(pairs) == n_settings * cfg.pairs_per_setting
+    assert pairs.holds.all()
+    finite = pairs[np.isfinite(pairs.chi2)]
+    assert len(finite) >= 0.9 * len(pairs)
+    chain = finite[["tv_sq", "half_kl", "half_log1p_chi2", "half_chi2"]].to_numpy()
+    assert (np.diff(chain, axis=1) >= -1e-12 * chain[:, 1:]).all()
+    np.testing.assert_allclose(finite.half_chi2, 0.5 * finite.chi2, rtol=1e-15)
+    np.testing.assert_allclose(finite.tv_sq, finite.tv**2, rtol=1e-15)
+    # both kinds of pairs, spanning several decades of χ²
+    assert set(pairs.kind) == {"independent", "perturbed"}
+    assert finite.chi2.max() / finite.chi2.min() > 1e3
+
+
+def test_divergence_inequalities_same_kl_line(inequality_data):
+    line = inequality_data.same_kl
+    assert len(line) >= 3
+    for kl, part in line.groupby("kl_target"):
+        np.testing.assert_allclose(part.kl, kl, rtol=1e-8)
+        np.testing.assert_allclose(part.chi2, part.chi2_target, rtol=1e-8)
+        assert part.chi2.max() / part.chi2.min() > 10  # same KL, χ² over a decade and more
+    assert line.holds.all()
+
+
+# --- bandit figures ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bandit_data():
+    return bandit_bias_variance.compute(bandit_bias_variance.config(small=True))
+
+
+def test_bandit_bias_variance_data(bandit_data):
+    cfg = bandit_bias_variance.config(small=True)
+    data = bandit_data
+    names = mappings.available()
+    assert len(data) == len(names) * cfg.n_chi2
+    assert set(data.mapping) == set(names)
+    # μ dialed to the χ² grid (shifts.dial solves to 1e-8 relative)
+    np.testing.assert_allclose(data.chi2_tok, data.target_chi2, rtol=1e-7)
+    for col in ("bias", "variance", "mse", "cosine"):
+        assert np.isfinite(data[col]).all(), col
+    np.testing.assert_allclose(data.mse, data.bias**2 + data.variance, rtol=1e-9)
+    # exact path for per-sample mappings, Monte Carlo for batch-dependent ones
+    for name in names:
+        rows = data[data.mapping == name]
+        assert (rows.exact == (not mappings.mapping_class(name).batch_dependent)).all(), name
+    # sequence IS is unbiased; naive's bias grows with the mismatch
+    assert (data[data.mapping == "is_seq"].bias < 1e-10).all()
+    naive = data[data.mapping == "naive"].sort_values("target_chi2")
+    assert (np.diff(naive.bias.to_numpy()) > 0).all()
+    assert naive.bias.min() > 1e-3
+
+
+def test_bias_variance_frontier_data():
+    cfg = bias_variance_frontier.config(small=True)
+    data = bias_variance_frontier.compute(cfg)
+    assert np.isfinite(data[["bias2", "variance", "mse"]].to_numpy()).all()
+    assert set(data.mapping) == set(bias_variance_frontier.KNOBS) | {"naive", "is_seq"}
+    np.testing.assert_allclose(data.chi2_tok, cfg.chi2, rtol=1e-7)
+    naive = data[data.mapping == "naive"].iloc[0]
+    is_seq = data[data.mapping == "is_seq"].iloc[0]
+    assert is_seq.bias2 < 1e-20 and naive.bias2 > 1e-6
+    assert naive.variance < is_seq.variance
+    # the power knob connects the two endpoints: α = 0 is naive, α = 1 is sequence IS
+    power = data[data.mapping == "power"].set_index("value")
+    assert power.loc[0.0, "bias2"] == pytest.approx(naive.bias2, rel=1e-10)
+    assert power.loc[0.0, "variance"] == pytest.approx(naive.variance, rel=1e-10)
+    assert power.loc[1.0, "variance"] == pytest.approx(is_seq.variance, rel=1e-10)
+    assert power.loc[1.0, "bias2"] < 1e-20
+    # truncated IS: raising the cap C trades bias for variance (monotone on the bandit)
+    tis = data[data.mapping == "tis_seq"].sort_values("value")
+    assert (np.diff(tis.bias2.to_numpy()) <= 1e-15).all()
+    assert (np.diff(tis.variance.to_numpy()) >= -1e-15).all()
+
+
+# --- rendering and gallery ---------------------------------------------------------------------
+
+
+def test_render_is_deterministic(tmp_path):
+    a = figures.render("kernel_shapes", tmp_path / "a", small=True)
+    b = figures.render("kernel_shapes", tmp_path / "b", small=True)
+    for pa, pb in zip(a, b, strict=True):
+        assert pa.name == pb.name
+        assert pa.stat().st_size > 1000
+        assert pa.read_bytes() == pb.read_bytes()
+    assert a[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert a[1].read_bytes()[:5] == b"%PDF-"
+
+
+@pytest.mark.parametrize("name", ["kernel_shapes_catalogue", "divergence_inequalities",
+                                  "bias_variance_frontier"])
+def test_render_writes_png_and_pdf(tmp_path, name):
+    png, pdf = figures.render(name, tmp_path, small=True)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
+    assert pdf.read_bytes()[:5] == b"%PDF-" and pdf.stat().st_size > 1000
+
+
+def test_bandit_draw_from_data(bandit_data, tmp_path):
+    with style.context():
+        fig = bandit_bias_variance.draw(bandit_data)
+    assert len(fig.axes) == 4
+    fig.savefig(tmp_path / "b.png", dpi=50)
+    assert (tmp_path / "b.png").stat().st_size > 1000
+
+
+def test_gallery_lists_rendered_figures(tmp_path):
+    figures.render("kernel_shapes", tmp_path, small=True)
+    text = figures.write_gallery(tmp_path).read_text()
+    lines = [line for line in text.splitlines() if line.startswith("- **")]
+    assert len(lines) == 1
+    assert kernel_shapes.TITLE in lines[0] and "(kernel_shapes.png)" in lines[0]
+    assert "kernel_shapes.pdf" in lines[0]
+
+
+def test_make_returns_data_and_figure():
+    data, fig = figures.make("kernel_shapes", small=True)
+    assert isinstance(data, pd.DataFrame)
+    assert len(fig.axes) == 4
+
+
+def test_divergence_functions_used_by_the_figures_agree():
+    # the figure's chain columns come from simkit.divergence: spot-check one pair
+    data = divergence_inequalities.random_pairs(
+        divergence_inequalities.Config(pairs_per_setting=1, concentrations=(1.0,),
+                                       perturbations=()))
+    rng = np.random.default_rng(0)
+    pi, mu = rng.dirichlet(np.ones(10)), rng.dirichlet(np.ones(10))
+    assert data.chi2.iloc[0] == pytest.approx(float(divergence.chi2(pi, mu)), rel=1e-14)
