@@ -204,7 +204,8 @@ def renyi(pi, mu, alpha: float) -> np.ndarray:
     - ``inf`` for α ≥ 1 when μ = 0 where π > 0 (for α < 1 such categories contribute nothing).
 
     The sum is evaluated by log-sum-exp over the support of π, so its absolute accuracy is
-    about 1e-16/|α − 1|: relative accuracy degrades for divergences below ~1e-8.
+    about 1e-16/|α − 1|: relative accuracy degrades for divergences below ~1e-8 (the result
+    is clipped at 0, below which only rounding noise lies).
 
     pi, mu: (…, V) probabilities (leading axes broadcast); alpha: a scalar. Returns (…).
     """
@@ -221,13 +222,14 @@ def renyi(pi, mu, alpha: float) -> np.ndarray:
     if alpha == np.inf:
         with np.errstate(invalid="ignore"):
             log_ratio = np.where(support, log_p - log_q, -np.inf)
-        return np.max(log_ratio, axis=-1)
+        return np.maximum(np.max(log_ratio, axis=-1), 0.0)
     if alpha == 0.0:
-        return -logsumexp(np.where(support, log_q, -np.inf), axis=-1)
+        return np.maximum(-logsumexp(np.where(support, log_q, -np.inf), axis=-1), 0.0)
     with np.errstate(invalid="ignore"):
         # α log π + (1−α) log μ on the support of π; (1−α)·(−inf) is ±inf as it should be
         exponent = np.where(support, alpha * log_p + (1.0 - alpha) * log_q, -np.inf)
-    return logsumexp(exponent, axis=-1) / (alpha - 1.0)
+    # D_α ≥ 0 for normalised inputs: clip the rounding noise of log-sum-exp at π = μ
+    return np.maximum(logsumexp(exponent, axis=-1) / (alpha - 1.0), 0.0)
 
 
 # --- sequence-level closed forms for independent positions -----------------------------------

@@ -123,7 +123,8 @@ def pinsker_chain(pi, mu) -> PinskerChain:
     )
 
 
-def pinsker_chain_holds(chain: PinskerChain, rtol: float = 1e-12, atol: float = 1e-15) -> np.ndarray:
+def pinsker_chain_holds(chain: PinskerChain, rtol: float = 1e-12,
+                        atol: float = 1e-15) -> np.ndarray:
     """Whether each link of the chain holds, within floating-point slack.
 
     Checks ``a ≤ b·(1 + rtol) + atol`` for the three consecutive pairs of ``chain``.
@@ -311,7 +312,9 @@ def vespo_K(c1, c2):
     k = np.asarray(c1, dtype=np.float64)
     lam = _positive(c2, "c2")
     if np.any(~(k >= 1)):
-        raise ValueError(f"c1 must be >= 1 for K = sup φ(w)/w to be finite, got min {np.min(k):.6g}")
+        raise ValueError(
+            f"c1 must be >= 1 for K = sup φ(w)/w to be finite, got min {np.min(k):.6g}"
+        )
     # (c1−1)·log((c1−1)/c2) with 0·log 0 = 0 (c1 = 1)
     log_k = xlogy(k - 1.0, (k - 1.0) / lam) + lam - k + 1.0
     return _out(np.exp(log_k))

@@ -45,14 +45,19 @@ def test_every_mapping_has_its_own_style():
     assert len(pairs) == len(names)  # no two mappings look the same
     for name in names:
         assert style.family(name) in style.FAMILY_COLORS
-    # families share a hue: members of one family are closer to their family colour than to
-    # any other family's (in RGB)
-    from matplotlib.colors import to_rgb
+    # families share a hue: each member's hue is closer to its family's hue than to any other
+    # family's (circular distance on the HSV hue wheel; black 'reference' has no hue)
+    from matplotlib.colors import rgb_to_hsv, to_rgb
 
-    fam_rgb = {f: np.array(to_rgb(c)) for f, c in style.FAMILY_COLORS.items()}
+    def hue(c):
+        return rgb_to_hsv(to_rgb(c))[0]
+
+    fam_hue = {f: hue(c) for f, c in style.FAMILY_COLORS.items() if f != "reference"}
     for name in names:
-        rgb = np.array(to_rgb(style.color(name)))
-        nearest = min(fam_rgb, key=lambda f: np.linalg.norm(fam_rgb[f] - rgb))
+        if style.family(name) == "reference":
+            continue
+        h = hue(style.color(name))
+        nearest = min(fam_hue, key=lambda f: min(abs(fam_hue[f] - h), 1 - abs(fam_hue[f] - h)))
         assert nearest == style.family(name), name
 
 

@@ -92,7 +92,8 @@ def test_required_presets_and_paper_defaults():
     assert (get("tis_token", preset="verl").c_high, get("tis_token", preset="trl").c_high) == (2, 3)
     openrlhf = get("tis_token", preset="openrlhf")
     assert (openrlhf.c_low, openrlhf.c_high) == (0.5, 5.0)
-    assert (get("tis_token", preset="slime").c_low, get("tis_token", preset="slime").c_high) == (0, 2)
+    slime = get("tis_token", preset="slime")
+    assert (slime.c_low, slime.c_high) == (0, 2)
     assert get("mis_seq", preset="trl").c_high == 3.0
     assert get("mis_seq", preset="rl_collapse").c_high == 2.0
     for name in ("mis_token", "icepop"):
@@ -268,6 +269,14 @@ def test_coefficients_depend_on_advantages_only_through_sign(name, data):
 
 
 @pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("shape", [(0, 5), (3, 0), (0, 0), (1, 1)])
+def test_empty_and_tiny_batches(name, shape):
+    c = get(name).coefficients(np.zeros(shape), np.ones(shape, bool), np.ones(shape[0]))
+    assert c.shape == shape
+    np.testing.assert_array_equal(c, 1.0)
+
+
+@pytest.mark.parametrize("name", ALL)
 def test_bad_batch_shapes_are_rejected(name):
     m = get(name)
     with pytest.raises(ValueError, match="log_ratio"):
@@ -351,7 +360,8 @@ def _gmpo_ref(m, lr, mask, adv):
         R = _gmpo(m, valid, positive)
         for t in range(lr.shape[1]):
             x = lr[i, t]
-            if mask[i, t] and ((positive and x <= m.eps_high) or (not positive and x >= -m.eps_low)):
+            inside = x <= m.eps_high if positive else x >= -m.eps_low
+            if mask[i, t] and inside:
                 c[i, t] = R
     return c
 
@@ -464,6 +474,41 @@ def test_coefficients_match_the_reference_formula(name, hyper, seed):
     np.testing.assert_allclose(m.coefficients(lr, mask, adv), expected, rtol=1e-11, atol=1e-300)
 
 
+DENSE = [n for n in ALL if mapping_class(n).level == "token"] + ["gmpo"]
+
+
+@pytest.mark.parametrize("name, hyper", [(n, {}) for n in DENSE]
+                         + [(n, h) for n, h in VARIANTS if n in DENSE])
+def test_token_coefficients_match_the_reference_on_a_dense_grid(name, hyper):
+    """Rows of log-ratios every 1e-3 on [−1.5, 1.5] (shifted per row): every band edge is hit
+    within 1e-3, on both signs of A."""
+    grid = np.linspace(-1.5, 1.5, 3001)
+    lr = grid[None, :] + np.array([0.0, 1.7e-4, 3.3e-4, 5.1e-4])[:, None]
+    mask = np.ones(lr.shape, dtype=bool)
+    mask[:, ::7] = False
+    adv = np.array([1.0, -1.0, -2.0, 0.0])
+    m = get(name, **hyper)
+    np.testing.assert_allclose(m.coefficients(lr, mask, adv), REFERENCE[name](m, lr, mask, adv),
+                               rtol=1e-11, atol=1e-300)
+
+
+@pytest.mark.parametrize("name, bound", [("mis_seq", "c_high"), ("mis_seq", "c_low"),
+                                         ("mis_token", "c_high"), ("mis_token", "c_low"),
+                                         ("icepop", "c_low"), ("geo_mask", "c_high"),
+                                         ("geo_mask", "c_low")])
+def test_mask_bands_are_inclusive(name, bound):
+    """Sheet §C: r·1[a ≤ r ≤ b], W·1[C_min ≤ W ≤ C_max], 1[lo ≤ s ≤ hi]: a ratio exactly on
+    a bound is kept."""
+    m = get(name, **({"c_low": 0.5} if name == "mis_seq" else {}))
+    value = getattr(m, bound)
+    lr = np.array([[math.log(value)]])
+    c = m.coefficients(lr, np.ones((1, 1), bool), np.array([1.0]))
+    assert c[0, 0] > 0
+    outside = math.log(value) + (1e-9 if bound == "c_high" else -1e-9)
+    c = m.coefficients(np.array([[outside]]), np.ones((1, 1), bool), np.array([1.0]))
+    assert c[0, 0] == 0
+
+
 def test_m2po_masks_in_the_slow_path_and_matches_algorithm_1():
     lr, mask, adv = random_batch(21, N=20, T=9, scale=0.6)
     lr[3, 2] = lr[5, 1] = 2.0  # a tie among the largest squared log-ratios
@@ -475,6 +520,19 @@ def test_m2po_masks_in_the_slow_path_and_matches_algorithm_1():
                                rtol=RTOL)
     kept = mask & ~removed & np.where(adv[:, None] >= 0, lr > 0, lr < 0)
     assert np.mean(lr[kept] ** 2) <= m.tau
+
+
+def test_m2po_breaks_ties_by_position():
+    """Algorithm 1 removes one argmax at a time; among equal (log r)² the first in row-major
+    order goes, so exactly one of two tied tokens is removed here."""
+    lr = np.full((2, 12), 0.01)
+    lr[0, 3] = lr[1, 0] = 0.5
+    mask = np.ones(lr.shape, bool)
+    m = get("m2po", tau=0.015)  # (0.25 + 22e-4)/23 ≈ 0.011 ≤ τ once one 0.25 is gone
+    removed = m.masked_tokens(lr, mask, np.ones(2))
+    assert removed.sum() == 1 and removed[0, 3]
+    np.testing.assert_allclose(m.coefficients(lr, mask, np.ones(2)),
+                               _m2po_ref(m, lr, mask, np.ones(2)), rtol=RTOL)
 
 
 def test_geo_mask_with_tis_base():
@@ -513,6 +571,8 @@ LIMITS = [
 def test_limits(name, hyper, other, other_hyper):
     lr, mask, adv = random_batch(31, N=40, scale=1.0)
     lr[2, :3] = [30.0, -30.0, 5.0]
+    lr[3, :2] = [200.0, -300.0]  # beyond max_log_ratio: the clamps must agree too
+    mask[2:4, :3] = True
     a = get(name, **hyper).coefficients(lr, mask, adv)
     b = get(other, **other_hyper).coefficients(lr, mask, adv)
     np.testing.assert_allclose(a, b, rtol=RTOL, atol=0)
@@ -665,6 +725,11 @@ def test_opsm_only_drops_negative_drifted_sequences():
     lr[2:] = 0.0
     c = get("opsm").coefficients(lr, np.ones((4, 3), bool), np.array([1.0, -1.0, -1.0, 1.0]))
     np.testing.assert_array_equal(c[:, 0], [1.0, 0.0, 1.0, 1.0])
+    # the drift is a per-token mean (DeepSeek-V3.2): Σ log(μ/π) = 0.1 > δ but the mean 0.01 < δ
+    lr = np.full((2, 10), -0.01)
+    lr[1, :] = -0.06
+    c = get("opsm", delta=0.05).coefficients(lr, np.ones((2, 10), bool), -np.ones(2))
+    np.testing.assert_array_equal(c[:, 0], [1.0, 0.0])
 
 
 # --- PSIS ----------------------------------------------------------------------------------
@@ -686,7 +751,7 @@ def test_psis_leaves_weights_below_the_tail_unchanged():
     rng = np.random.default_rng(72)
     log_w = rng.normal(0, 1.5, size=900)
     smoothed, _ = mappings.psis_smooth(log_w)
-    tail = int(math.floor(3 * math.sqrt(900)))  # 90 largest weights are smoothed
+    tail = math.floor(3 * math.sqrt(900))  # 90 largest weights are smoothed
     order = np.argsort(log_w)
     body, top = order[:-tail], order[-tail:]
     shift = smoothed[body] - log_w[body]

@@ -16,9 +16,13 @@ def new_figure(width: float, height: float, **kwargs) -> Figure:
 
 
 def panel_label(ax, letter: str) -> None:
-    """Bold panel letter, e.g. ``(a)``, in the top-left corner outside the axes."""
-    ax.text(-0.02, 1.02, f"({letter})", transform=ax.transAxes, fontweight="bold",
-            ha="right", va="bottom")
+    """Prefix the axes title with the panel letter, e.g. ``(a) title``, left-aligned.
+
+    Call it after ``set_title``; an axes without a title gets the letter alone.
+    """
+    title = ax.get_title()
+    ax.set_title("")
+    ax.set_title(f"({letter}) {title}".rstrip(), loc="left")
 
 
 def finite_positive(values) -> np.ndarray:

@@ -149,8 +149,10 @@ def draw(data: pd.DataFrame):
     for ax, letter in zip(axes.flat, "abcd", strict=True):
         _common.panel_label(ax, letter)
     handles, labels = axes[0, 0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside right center", ncol=1, fontsize=6.5,
-               handlelength=2.4)
+    by_label = dict(zip(labels, handles, strict=True))
+    ordered = [name for name in names if name in by_label]  # registry order (errorbars last)
+    fig.legend([by_label[n] for n in ordered], ordered, loc="outside right center", ncol=1,
+               fontsize=6.5, handlelength=2.4, title="mapping", title_fontsize=7.5)
     n = int(data.n.iloc[0])
     arms = int(data.arms.iloc[0])
     fig.suptitle(f"Every mapping on a {arms}-armed Bernoulli bandit, "

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from matplotlib.lines import Line2D
 
 from simkit import mappings
 from simkit.figures import _common, style
@@ -112,7 +113,8 @@ def draw(data: pd.DataFrame):
     handles = [
         _line(color="0.2", linestyle="-", label=r"$A > 0$"),
         _line(color="0.2", linestyle="--", label=r"$A < 0$"),
-        _line(color=style.SERIES_COLORS["identity"], linestyle=":", label=r"$\varphi$ = ratio (IS)"),
+        _line(color=style.SERIES_COLORS["identity"], linestyle=":",
+              label=r"$\varphi$ = ratio (IS)"),
     ]
     fig.legend(handles=handles, loc="outside lower center", ncol=3)
     skipped = data.attrs.get("not_scalar", [])
@@ -124,7 +126,6 @@ def draw(data: pd.DataFrame):
     return fig
 
 
-def _line(**kw):
-    from matplotlib.lines import Line2D
-
+def _line(**kw) -> Line2D:
+    """A legend-only line handle."""
     return Line2D([], [], linewidth=1.5, **kw)

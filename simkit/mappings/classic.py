@@ -31,7 +31,8 @@ from simkit.mappings.psis import psis_smooth
 @register
 @dataclass(frozen=True)
 class Naive(ScalarMapping):
-    """On-policy REINFORCE, ``c = 1``: ignores the mismatch (biased, lowest variance).
+    """On-policy REINFORCE (Williams 1992), ``c = 1``: ignores the mismatch (biased, lowest
+    variance).
 
     Surrogate F(w) = 1 + log w (anchored at F(1) = 1: φ(u)/u = 1/u is not integrable at 0).
     """
@@ -152,6 +153,9 @@ class PowerIS(ScalarMapping):
 @dataclass(frozen=True)
 class SelfNormalisedIS(Mapping):
     """Self-normalised sequence IS, ``c_i = W_i / mean_j W_j`` (j over the N rows of the batch).
+
+    The classical ratio estimator (e.g. Owen, "Monte Carlo theory, methods and examples", 2013,
+    §9.2); no hyperparameters.
 
     Computed in log space: c_i = N·exp(log W_i − logsumexp_j log W_j), finite for any finite
     log-ratios. Bias O(1/N); the effective sample size collapse is visible as a few c_i ≈ N.

@@ -118,7 +118,7 @@ class OPSM(ScalarMapping):
         check_real(self, "delta", low=0.0)
 
     def _coefficients(self, log_ratio, mask, advantages):
-        drifted = seq_log_ratio(log_ratio, mask) < -self.delta
+        drifted = seq_mean_log_ratio(log_ratio, mask) < -self.delta
         dropped = drifted & ~positive_rows(advantages)
         return broadcast_seq((~dropped).astype(float), mask)
 
@@ -206,8 +206,9 @@ class M2PO(Mapping):
         for start in range(0, N, rows):
             stop = min(start + rows, N)
             cand = self._candidates(log_ratio[start:stop], mask[start:stop], pos[start:stop])
-            total += float(np.add.reduce(np.square(log_ratio[start:stop]), axis=None,
-                                         where=cand, initial=0.0))
+            with np.errstate(over="ignore"):  # (log r)² of absurd padding values
+                squares = np.square(log_ratio[start:stop])
+            total += float(np.add.reduce(squares, axis=None, where=cand, initial=0.0))
             count += int(np.count_nonzero(cand))
         return total, count
 
@@ -218,7 +219,8 @@ class M2PO(Mapping):
             return None
         removed = np.zeros(log_ratio.shape, dtype=bool)
         cand = self._candidates(log_ratio, mask, positive_rows(advantages))
-        sq = np.where(cand, np.square(log_ratio), 0.0)
+        with np.errstate(over="ignore"):
+            sq = np.where(cand, np.square(log_ratio), 0.0)
         k, threshold = _smallest_removal(sq[cand], total, self.tau)
         above = cand & (sq > threshold)
         removed |= above
