@@ -16,8 +16,10 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import importlib.util
+import os
 import platform
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 
@@ -127,16 +129,24 @@ def package_versions() -> dict[str, dict[str, str | None]]:
 
 
 def _run_info(args) -> int:
-    print(f"python      {platform.python_version()} ({platform.platform()})")
+    print(f"python          {platform.python_version()} ({platform.platform()})")
     for group, versions in package_versions().items():
         title = "core" if group == "core" else f"optional [{group}]"
         print(f"{title}:")
         for dist, ver in versions.items():
-            print(f"  {dist:<12}{ver if ver is not None else 'not installed'}")
+            print(f"  {dist:<14}{ver if ver is not None else 'not installed'}")
     return 0
 
 
 # --- list --------------------------------------------------------------------------------------
+
+def summary(doc: str | None, width: int = 88) -> str:
+    """First sentence of a docstring's first paragraph, on one line, at most ``width`` chars."""
+    paragraph = " ".join((doc or "").strip().split("\n\n")[0].split())
+    end = paragraph.find(". ")
+    sentence = paragraph[: end + 1] if end >= 0 else paragraph
+    return textwrap.shorten(sentence, width=width, placeholder=" …")
+
 
 def _list_mappings() -> list[str]:
     from simkit import mappings
@@ -144,9 +154,7 @@ def _list_mappings() -> list[str]:
     lines = []
     for name in mappings.available():
         cls = mappings.mapping_class(name)
-        doc = (cls.__doc__ or "").strip().splitlines()
-        summary = doc[0] if doc else ""
-        lines.append(f"{name:<12} {cls.level:<9} {summary}")
+        lines.append(f"{name:<12} {cls.level:<9} {summary(cls.__doc__)}")
     return lines
 
 
@@ -163,8 +171,7 @@ def _list_shifts() -> list[str]:
         raise CLIError(f"simkit.shifts is not available: {err}") from None
     lines = []
     for name in shifts.available():
-        doc = (type(shifts.get(name)).__doc__ or "").strip().splitlines()
-        lines.append(f"{name:<14} {doc[0] if doc else ''}")
+        lines.append(f"{name:<14} {summary(type(shifts.get(name)).__doc__)}")
     return lines
 
 
@@ -242,3 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     except CLIError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # e.g. `simkit list mappings | head`: stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1

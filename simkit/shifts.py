@@ -30,6 +30,7 @@ range for the first bracket and refining it with Brent's method (``scipy.optimiz
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from dataclasses import dataclass
 from typing import ClassVar
@@ -595,11 +596,17 @@ def dial(pi, target, divergence: str = "chi2", family: str | ShiftFamily = "temp
         achieved = value_at(s_star)
         if not abs(achieved - t) <= DIAL_RTOL * t:
             step = 1e-9 * max(s_star, 1e-12)
+            left, right = value_at(max(s_star - step, 0.0)), value_at(s_star + step)
+            if abs(right - left) > DIAL_RTOL * t:
+                why = (f"the divergence jumps from {left:.6g} to {right:.6g} at strength "
+                       f"{s_star:.6g} (the family is discontinuous there)")
+            else:
+                why = (f"near strength {s_star:.6g} the divergence is only resolved to "
+                       f"{abs(achieved - t):.3g} (rounding level), more than {DIAL_RTOL:g} "
+                       "relative of this target")
             raise ValueError(
                 f"target {sym} = {t:.6g} cannot be hit with family {fam.label!r}"
-                f"{_row_label(batch, i)}: the divergence jumps from "
-                f"{value_at(max(s_star - step, 0.0)):.6g} to {value_at(s_star + step):.6g} at "
-                f"strength {s_star:.6g} (the family is discontinuous there)"
+                f"{_row_label(batch, i)}: {why}"
             )
         strengths[i] = s_star
     mu = fam._apply(rows, strengths)
@@ -660,7 +667,7 @@ def _pair_row(row: np.ndarray, kl_target: float, chi2_target: float, n_tail: int
             f"KL = {kl_target:.6g} is not reachable with family 'tilt'{where}: μ underflows "
             "before the KL gets there"
         )
-    for (a0, v0), (a1, v1) in zip(reached, reached[1:]):
+    for (a0, v0), (a1, v1) in itertools.pairwise(reached):
         if v0 == chi2_target:
             return a0, strength_for_kl(a0)
         if (v0 - chi2_target) * (v1 - chi2_target) < 0:

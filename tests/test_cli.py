@@ -1,5 +1,6 @@
 """simkit.cli: the figures / info / list subcommands."""
 
+import re
 import subprocess
 import sys
 
@@ -33,7 +34,7 @@ def test_unknown_figure_is_an_error_listing_the_figures(tmp_path, capsys):
 def test_info_reports_versions(capsys):
     assert cli.main(["info"]) == 0
     out = capsys.readouterr().out
-    assert f"numpy       {np.__version__}" in out
+    assert re.search(rf"^\s+numpy\s+{re.escape(np.__version__)}$", out, re.MULTILINE)
     for dist in ("simkit", "scipy", "pandas", "matplotlib", "arviz-stats", "torch", "pyarrow",
                  "jupytext", "distributed"):
         assert dist in out
@@ -54,6 +55,16 @@ def test_list(what, capsys):
         from simkit import shifts
 
         assert [line.split()[0] for line in out] == shifts.available()
+
+
+def test_summary_is_the_first_sentence_on_one_line():
+    doc = """First sentence, over
+    two lines. Second sentence.
+
+    Another paragraph."""
+    assert cli.summary(doc) == "First sentence, over two lines."
+    assert cli.summary(None) == ""
+    assert len(cli.summary("word " * 100, width=40)) <= 40
 
 
 def test_usage_errors_and_help(capsys):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from decimal import Decimal, getcontext
 
@@ -118,7 +119,7 @@ def test_renyi_orders(pair):
         assert abs(dv.renyi(p, q, 1.0 + h) - k) <= 1e-4 * (1 + k)
     orders = [0.0, 0.3, 0.5, 0.9, 1.0, 1.5, 2.0, 4.0, np.inf]
     values = [dv.renyi(p, q, a) for a in orders]
-    assert all(a <= b + 1e-12 * (1 + abs(b)) for a, b in zip(values, values[1:]))
+    assert all(a <= b + 1e-12 * (1 + abs(b)) for a, b in itertools.pairwise(values))
 
 
 def _decimal_divergences(mu, d):

@@ -138,7 +138,8 @@ def test_kernel_shapes_catalogue_data():
         if mappings.mapping_class(name).on_policy_identity:
             np.testing.assert_allclose(at_one[at_one.mapping == name].phi, 1.0, atol=1e-12)
     assert set(data.ratio) <= {"r_t", "W", "s"}
-    assert (data[data.mapping == "gspo"].ratio == "s").all()
+    for name, symbol in (("gspo", "s"), ("is_seq", "W"), ("is_token", "r_t"), ("vespo", "W")):
+        assert (data[data.mapping == name].ratio == symbol).all(), name
 
 
 # --- divergence_inequalities -------------------------------------------------------------------

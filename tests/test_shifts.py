@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
@@ -234,7 +234,9 @@ def test_dial_round_trip_random_pi(pi, fraction, divergence):
     """Flattening and mixing both end at the uniform distribution: every value below
     D(π‖uniform) is reachable."""
     uniform = np.full_like(pi, 1 / len(pi))
-    target = fraction * DIV[divergence](pi, uniform)
+    largest = DIV[divergence](pi, uniform)
+    assume(largest > 1e-6)  # a nearly uniform π leaves only rounding-level targets
+    target = fraction * largest
     for name in ("temperature", "mixture"):
         _assert_rel(DIV[divergence](pi, shifts.dial(pi, target, divergence, name)), target)
 
@@ -292,14 +294,14 @@ def test_dial_unreachable_names_the_largest_value(name, divergence, target, larg
 @pytest.mark.parametrize("name", ["top_p", "top_k"])
 @pytest.mark.parametrize("divergence", ["chi2", "kl"])
 def test_dial_truncations_refuse_chi2_and_kl(name, divergence):
-    with pytest.raises(ValueError, match="cuts π's support.*infinite.*only 'tv'"):
+    with pytest.raises(ValueError, match=r"cuts π's support.*infinite.*only 'tv'"):
         shifts.dial(PI, 0.1, divergence, name)
 
 
 @pytest.mark.parametrize("name", ["top_p", "top_k"])
 def test_dial_discrete_truncation_reports_the_jump(name):
     # TV of the usual nucleus / top-k jumps from 0.2 (cut 0.1+0.06+0.03+0.01) to 0.35
-    with pytest.raises(ValueError, match="jumps from 0.2 to 0.35"):
+    with pytest.raises(ValueError, match=r"jumps from 0\.2 to 0\.35"):
         shifts.dial(PI, 0.22, "tv", name, fractional=False)
     _assert_rel(tv(PI, shifts.dial(PI, 0.2, "tv", name, fractional=False)), 0.2)
 
@@ -340,6 +342,21 @@ def test_dial_pair_same_kl_arbitrarily_large_chi2_with_a_rare_token():
         mu = shifts.dial_pair(pi, kl=0.05, chi2=c)
         _assert_rel(kl(pi, mu), 0.05)
         _assert_rel(chi2(pi, mu), c)
+
+
+@settings(max_examples=10, deadline=None)
+@given(full_support_pi(), st.floats(0.005, 0.5), st.floats(0.1, 0.9))
+def test_dial_pair_random_pi(pi, kl_target, u):
+    """Any χ² between the tilt's two ends at this KL is reached (intermediate values)."""
+    assume(np.ptp(np.log(pi)) > 1e-3)  # a uniform π has no flattening direction (û = 0)
+    ends = [chi2(pi, shifts.dial(pi, kl_target, "kl", "tilt", angle=a))
+            for a in (0.0, math.pi / 2)]
+    lo, hi = min(ends), max(ends)
+    assume(hi > lo * (1 + 1e-6))
+    c = lo * (hi / lo) ** u
+    mu = shifts.dial_pair(pi, kl=kl_target, chi2=c)
+    _assert_rel(kl(pi, mu), kl_target)
+    _assert_rel(chi2(pi, mu), c)
 
 
 def test_dial_pair_infeasible_pair():

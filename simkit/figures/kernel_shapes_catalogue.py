@@ -2,7 +2,7 @@
 
 One small panel per :class:`~simkit.mappings.ScalarMapping` in registry order (default
 hyperparameters), φ against the ratio it acts on — the token ratio r_t (token level), the
-sequence ratio W (sequence level) or the geometric mean s (GSPO, GMPO, Geo-Mask) — on
+sequence ratio W or the geometric mean s (the mapping's ``ratio_kind``) — on
 [0, w_max], with the identity φ = ratio (plain IS) dotted for reference.
 
 Data: a tidy DataFrame with columns ``mapping``, ``family``, ``level``, ``ratio`` (symbol of the
@@ -12,6 +12,7 @@ ratio), ``advantage`` (``"A>0"``/``"A<0"``), ``w``, ``phi``, ``f``.
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,8 +28,8 @@ CAPTION = ("φ(ratio) for A > 0 (solid) and A < 0 (dashed) of each mapping of th
            "coefficient is a function of one ratio (r_t, W or s), default hyperparameters, "
            "with φ = ratio dotted.")
 
-#: mappings that act on the length-normalised geometric mean s
-GEOMETRIC = frozenset({"gspo", "gmpo", "geo_mask"})
+#: the mapping contract's ``ratio_kind`` -> the symbol of that ratio
+RATIO_SYMBOLS = {"token": "r_t", "sequence": "W", "geometric": "s"}
 
 
 @dataclass(frozen=True)
@@ -47,11 +48,9 @@ def config(small: bool = False) -> Config:
     return Config(n_points=121) if small else Config()
 
 
-def ratio_symbol(name: str, level: str) -> str:
-    """The ratio a mapping's φ acts on: ``"s"`` (geometric mean), ``"W"`` or ``"r_t"``."""
-    if name in GEOMETRIC:
-        return "s"
-    return "W" if level == "sequence" else "r_t"
+def ratio_symbol(mapping) -> str:
+    """Symbol of the ratio a ScalarMapping's φ acts on (its ``ratio_kind``): r_t, W or s."""
+    return RATIO_SYMBOLS[mapping.ratio_kind]
 
 
 def scalar_mappings() -> list[str]:
@@ -76,7 +75,7 @@ def compute(cfg: Config) -> pd.DataFrame:
                 f = np.broadcast_to(np.asarray(mapping.f(w, positive), float), w.shape)
             frames.append(pd.DataFrame({
                 "mapping": name, "family": style.family(name), "level": mapping.level,
-                "ratio": ratio_symbol(name, mapping.level), "advantage": sign,
+                "ratio": ratio_symbol(mapping), "advantage": sign,
                 "w": w, "phi": phi, "f": f,
             }))
     data = pd.concat(frames, ignore_index=True)
@@ -104,10 +103,13 @@ def draw(data: pd.DataFrame):
         ax.set_xlim(0, w_max)
         ax.set_ylim(-0.1, 3.1)
         ax.tick_params(labelsize=7)
-    for ax in axes.flat[len(names):]:
-        ax.set_visible(False)
-    for ax in axes[-1, :]:
-        ax.set_xlabel("ratio", fontsize=8)
+    used = len(names)
+    for k, ax in enumerate(axes.flat):
+        r, c = divmod(k, columns)
+        below_unused = (r + 1) * columns + c >= used
+        if k < used and (r == rows - 1 or below_unused):
+            ax.xaxis.set_tick_params(labelbottom=True)
+            ax.set_xlabel("ratio", fontsize=8)
     for ax in axes[:, 0]:
         ax.set_ylabel(r"$\varphi$", fontsize=8)
     handles = [
@@ -116,11 +118,23 @@ def draw(data: pd.DataFrame):
         _line(color=style.SERIES_COLORS["identity"], linestyle=":",
               label=r"$\varphi$ = ratio (IS)"),
     ]
-    fig.legend(handles=handles, loc="outside lower center", ncol=3)
     skipped = data.attrs.get("not_scalar", [])
-    if skipped:
-        fig.text(0.99, 0.005, "not a function of one ratio (not drawn): " + ", ".join(skipped),
-                 ha="right", va="bottom", fontsize=7, color="0.35")
+    note = textwrap.fill("not a function of one ratio (not drawn): " + ", ".join(skipped),
+                         width=45) if skipped else ""
+    spare = list(axes.flat[used:])
+    for ax in spare:
+        ax.axis("off")
+    if spare:  # legend and note in the empty cells of the last row
+        spare[0].legend(handles=handles, loc="upper left", frameon=False, fontsize=8)
+        if note:
+            text = spare[0].text(0.0, 0.25, note, transform=spare[0].transAxes, ha="left",
+                                 va="top", fontsize=7, color="0.35")
+            text.set_in_layout(False)
+    else:
+        fig.legend(handles=handles, loc="outside lower center", ncol=3)
+        if note:
+            fig.text(0.99, 0.005, note.replace("\n", " "), ha="right", va="bottom",
+                     fontsize=7, color="0.35")
     fig.suptitle(r"Coefficient $\varphi$ of each scalar mapping vs its ratio "
                  r"($r_t$ token, $W$ sequence, $s$ geometric mean)")
     return fig
