@@ -198,7 +198,9 @@ class Estimator:
         L_max of ``seq-mean-token-sum-norm`` (default: the batch's T); rejected for the other
         aggregations.
     name : str
-        Row label in experiment tables; default ``"<mapping label> [<aggregation>, <advantage>]"``.
+        Row label in experiment tables; default ``"<mapping label> [<aggregation>, <advantage>]"``,
+        where the label names only non-default hyperparameters and the bracket lists only a
+        non-default aggregation (default ``token-mean``) or advantage (default ``oracle``).
     """
 
     mapping: Mapping | str
@@ -248,10 +250,16 @@ class Estimator:
         if not isinstance(self.name, str):
             raise TypeError(f"name must be a string, got {type(self.name).__name__}")
         if not self.name:
-            adv = self.advantage
-            if self.group_size is not None:
-                adv = f"{adv}, G={self.group_size}"
-            object.__setattr__(self, "name", f"{mapping.label} [{self.aggregation}, {adv}]")
+            parts = []
+            if self.aggregation != "token-mean":
+                parts.append(self.aggregation)
+            if self.advantage != "oracle" or self.group_size is not None:
+                adv = self.advantage
+                if self.group_size is not None:
+                    adv = f"{adv}, G={self.group_size}"
+                parts.append(adv)
+            suffix = f" [{', '.join(parts)}]" if parts else ""
+            object.__setattr__(self, "name", f"{mapping.label}{suffix}")
 
     @property
     def per_sample(self) -> bool:

@@ -149,9 +149,12 @@ def test_estimator_validation_and_defaults():
     est = Estimator("is_seq")
     assert isinstance(est.mapping, mappings.Mapping) and est.mapping.name == "is_seq"
     assert est.aggregation == "token-mean" and est.advantage == "oracle"
-    assert est.name == f"{est.mapping.label} [token-mean, oracle]"
-    assert Estimator("naive", advantage="rloo", group_size=4).name.endswith("[token-mean, "
-                                                                             "rloo, G=4]")
+    assert est.name == "is_seq"  # defaults: no hyperparameters, no bracket
+    assert Estimator("naive", advantage="rloo", group_size=4).name == "naive [rloo, G=4]"
+    assert (
+        Estimator(mappings.get("ppo_clip", eps_high=0.28), aggregation="seq-mean-token-sum").name
+        == "ppo_clip(eps_high=0.28) [seq-mean-token-sum]"
+    )
     assert Estimator("naive", name="mine").name == "mine"
     assert as_estimator("naive") == Estimator("naive")
     assert as_estimator(mappings.get("naive")) == Estimator("naive")

@@ -90,9 +90,18 @@ class Mapping:
 
     @property
     def label(self) -> str:
-        """Short human-readable label, e.g. ``ppo_clip(eps_low=0.2, eps_high=0.2)``."""
+        """Short label naming only the hyperparameters that differ from the defaults.
+
+        ``get("ppo_clip").label == "ppo_clip"``;
+        ``get("ppo_clip", eps_high=0.28).label == "ppo_clip(eps_high=0.28)"``.
+        """
+        changed = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.default is dataclasses.MISSING or getattr(self, f.name) != f.default
+        }
         hp = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
-                       for k, v in self.hyperparameters.items())
+                       for k, v in changed.items())
         return f"{self.name}({hp})" if hp else self.name
 
 
