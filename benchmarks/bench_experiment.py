@@ -49,8 +49,9 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timings per cell (best of)")
     parser.add_argument("--only", default="", help="comma-separated mapping names")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"
-                                              / "bench_experiment.json"))
+    parser.add_argument(
+        "--out", default=str(Path(__file__).resolve().parent / "results" / "bench_experiment.json")
+    )
     args, _ = parser.parse_known_args(argv)  # run_all.py passes every script the same args
 
     rng = np.random.default_rng(args.seed)
@@ -65,22 +66,32 @@ def main(argv=None) -> int:
 
     run(env, mu, ["naive", "snis"], exact=False, n=args.n, reps=10)  # warm-up: lazy imports
     floor = best_time(floor_fn, args.repeats)
-    print(f"bandit K={args.K}, n={args.n}, reps={args.reps} "
-          f"(chi2 = {env.divergences(mu)['chi2_tok']:.3f}), best of {args.repeats}")
+    print(
+        f"bandit K={args.K}, n={args.n}, reps={args.reps} "
+        f"(chi2 = {env.divergences(mu)['chi2_tok']:.3f}), best of {args.repeats}"
+    )
     print(f"floor (sample + accumulate): {floor * 1e3:.1f} ms")
-    print(f"{'mapping':<12} {'exact s':>9} {'x floor':>8} {'MC s':>9} {'x floor':>8} "
-          f"{'GRPO s':>9} {'x floor':>8}")
+    print(
+        f"{'mapping':<12} {'exact s':>9} {'x floor':>8} {'MC s':>9} {'x floor':>8} "
+        f"{'GRPO s':>9} {'x floor':>8}"
+    )
     rows, errors = [], []
     for name in names:
         cells = {
-            "exact": best_time(lambda name=name: run(env, mu, [name], exact=True, **common),
-                               args.repeats)
-            if not mappings.mapping_class(name).batch_dependent else None,
+            "exact": best_time(
+                lambda name=name: run(env, mu, [name], exact=True, **common), args.repeats
+            )
+            if not mappings.mapping_class(name).batch_dependent
+            else None,
             "monte_carlo": best_time(
-                lambda name=name: run(env, mu, [name], exact=False, **common), args.repeats),
+                lambda name=name: run(env, mu, [name], exact=False, **common), args.repeats
+            ),
             "monte_carlo_grpo": best_time(
-                lambda name=name: run(env, mu, [Estimator(name, advantage="grpo", group_size=8)],
-                                      **common), args.repeats),
+                lambda name=name: run(
+                    env, mu, [Estimator(name, advantage="grpo", group_size=8)], **common
+                ),
+                args.repeats,
+            ),
         }
         line = f"{name:<12}"
         for key, value in cells.items():
@@ -91,19 +102,35 @@ def main(argv=None) -> int:
                 if isinstance(value, str):
                     errors.append(f"{name} ({key}): {value}")
         print(line)
-        rows.append({"mapping": name, **{k: (v if isinstance(v, float) else None)
-                                         for k, v in cells.items()}})
+        rows.append(
+            {
+                "mapping": name,
+                **{k: (v if isinstance(v, float) else None) for k, v in cells.items()},
+            }
+        )
     for line in errors:
         print(line)
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "benchmark": "bench_experiment", "K": args.K, "n": args.n, "reps": args.reps,
-        "repeats": args.repeats, "numpy": np.__version__, "python": platform.python_version(),
-        "machine": platform.processor() or platform.machine(), "floor_seconds": floor,
-        "results": rows, "errors": errors,
-    }, indent=2))
+    out.write_text(
+        json.dumps(
+            {
+                "benchmark": "bench_experiment",
+                "K": args.K,
+                "n": args.n,
+                "reps": args.reps,
+                "repeats": args.repeats,
+                "numpy": np.__version__,
+                "python": platform.python_version(),
+                "machine": platform.processor() or platform.machine(),
+                "floor_seconds": floor,
+                "results": rows,
+                "errors": errors,
+            },
+            indent=2,
+        )
+    )
     print(f"written {out}")
     return 0
 

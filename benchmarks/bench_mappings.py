@@ -55,8 +55,9 @@ def main(argv=None) -> int:
     parser.add_argument("--ragged", action="store_true", help="ragged mask instead of all ones")
     parser.add_argument("--only", default="", help="comma-separated mapping names")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"
-                                              / "bench_mappings.json"))
+    parser.add_argument(
+        "--out", default=str(Path(__file__).resolve().parent / "results" / "bench_mappings.json")
+    )
     args = parser.parse_args(argv)
 
     log_ratio, mask, advantages = make_batch(args.n, args.t, args.ragged, args.seed)
@@ -64,37 +65,61 @@ def main(argv=None) -> int:
     floor = best_time(lambda: np.exp(log_ratio).sum(), args.repeats)
     names = [s for s in args.only.split(",") if s] or mappings.available()
 
-    print(f"N={args.n} T={args.t} ({tokens / 1e6:.1f}M tokens, float64), mask "
-          f"{'ragged' if args.ragged else 'all ones'}, best of {args.repeats}")
+    print(
+        f"N={args.n} T={args.t} ({tokens / 1e6:.1f}M tokens, float64), mask "
+        f"{'ragged' if args.ragged else 'all ones'}, best of {args.repeats}"
+    )
     print(f"floor np.exp(x).sum(): {floor * 1e3:8.1f} ms  {tokens / floor / 1e6:8.1f} Mtok/s")
     print(f"{'mapping':<12} {'level':<9} {'ms':>9} {'Mtok/s':>9} {'x floor':>8}  ok")
     rows = []
     failures = []
     for name in names:
         mapping = mappings.get(name)
-        seconds = best_time(lambda m=mapping: m.coefficients(log_ratio, mask, advantages),
-                            args.repeats)
+        seconds = best_time(
+            lambda m=mapping: m.coefficients(log_ratio, mask, advantages), args.repeats
+        )
         ratio = seconds / floor
         held = mapping.level in ("token", "sequence")
         ok = ratio <= TARGET_RATIO if held else None
         if ok is False:
             failures.append(name)
         flag = {True: "yes", False: "NO", None: "n/a"}[ok]
-        print(f"{name:<12} {mapping.level:<9} {seconds * 1e3:9.1f} {tokens / seconds / 1e6:9.1f} "
-              f"{ratio:8.2f}  {flag}")
-        rows.append({"mapping": name, "level": mapping.level, "seconds": seconds,
-                     "tokens_per_second": tokens / seconds, "ratio_to_floor": ratio,
-                     "within_target": ok})
+        print(
+            f"{name:<12} {mapping.level:<9} {seconds * 1e3:9.1f} {tokens / seconds / 1e6:9.1f} "
+            f"{ratio:8.2f}  {flag}"
+        )
+        rows.append(
+            {
+                "mapping": name,
+                "level": mapping.level,
+                "seconds": seconds,
+                "tokens_per_second": tokens / seconds,
+                "ratio_to_floor": ratio,
+                "within_target": ok,
+            }
+        )
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "benchmark": "bench_mappings", "n": args.n, "t": args.t, "ragged": args.ragged,
-        "repeats": args.repeats, "numpy": np.__version__, "python": platform.python_version(),
-        "machine": platform.processor() or platform.machine(),
-        "floor_seconds": floor, "floor_tokens_per_second": tokens / floor,
-        "target_ratio": TARGET_RATIO, "results": rows,
-    }, indent=2))
+    out.write_text(
+        json.dumps(
+            {
+                "benchmark": "bench_mappings",
+                "n": args.n,
+                "t": args.t,
+                "ragged": args.ragged,
+                "repeats": args.repeats,
+                "numpy": np.__version__,
+                "python": platform.python_version(),
+                "machine": platform.processor() or platform.machine(),
+                "floor_seconds": floor,
+                "floor_tokens_per_second": tokens / floor,
+                "target_ratio": TARGET_RATIO,
+                "results": rows,
+            },
+            indent=2,
+        )
+    )
     print(f"written {out}")
     if failures:
         print(f"above {TARGET_RATIO:g}x the floor: {', '.join(failures)}")

@@ -15,7 +15,9 @@ def as_prob(p, name: str) -> np.ndarray:
     """
     arr = np.asarray(p, dtype=np.float64)
     if arr.ndim == 0:
-        raise ValueError(f"{name} must have a last axis of categories (shape (..., V)), got a scalar")
+        raise ValueError(
+            f"{name} must have a last axis of categories (shape (..., V)), got a scalar"
+        )
     if arr.shape[-1] == 0:
         raise ValueError(f"{name} has an empty last axis (V = 0)")
     if not np.all(np.isfinite(arr)):

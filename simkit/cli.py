@@ -31,8 +31,15 @@ CORE_PACKAGES = ("numpy", "scipy", "pandas", "matplotlib", "tqdm", "arviz-stats"
 OPTIONAL_PACKAGES = {
     "lm": ("torch", "transformers", "gguf"),
     "dist": ("dask", "distributed", "pyarrow", "joblib"),
-    "notebooks": ("jupyter", "jupytext", "nbclient", "nbformat", "ipykernel", "ipywidgets",
-                  "nbmake"),
+    "notebooks": (
+        "jupyter",
+        "jupytext",
+        "nbclient",
+        "nbformat",
+        "ipykernel",
+        "ipywidgets",
+        "nbmake",
+    ),
     "dev": ("pytest", "pytest-xdist", "hypothesis", "ruff"),
 }
 
@@ -46,6 +53,7 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
 
 
 # --- figures -----------------------------------------------------------------------------------
+
 
 def _add_figures(subparsers) -> None:
     p = subparsers.add_parser(
@@ -65,8 +73,9 @@ def _add_figures(subparsers) -> None:
         ),
     )
     p.add_argument("names", nargs="*", metavar="NAME", help="figure names (default: all)")
-    p.add_argument("--out", default="figures", metavar="DIR",
-                   help="output directory (default: %(default)s)")
+    p.add_argument(
+        "--out", default="figures", metavar="DIR", help="output directory (default: %(default)s)"
+    )
     p.add_argument("--small", action="store_true", help="reduced sizes (fast)")
     p.set_defaults(func=_run_figures)
 
@@ -86,14 +95,18 @@ def _run_figures(args) -> int:
         print(f"[{i}/{total}] {name} ...", end=" ", file=sys.stderr, flush=True)
         start = time.perf_counter()
         paths = figures.render(name, args.out, small=args.small)
-        print(f"done in {time.perf_counter() - start:.1f} s -> "
-              + ", ".join(str(p) for p in paths), file=sys.stderr, flush=True)
+        print(
+            f"done in {time.perf_counter() - start:.1f} s -> " + ", ".join(str(p) for p in paths),
+            file=sys.stderr,
+            flush=True,
+        )
     gallery = figures.write_gallery(args.out)
     print(f"gallery: {gallery}", file=sys.stderr)
     return 0
 
 
 # --- info --------------------------------------------------------------------------------------
+
 
 def _add_info(subparsers) -> None:
     p = subparsers.add_parser(
@@ -139,6 +152,7 @@ def _run_info(args) -> int:
 
 
 # --- list --------------------------------------------------------------------------------------
+
 
 def summary(doc: str | None, width: int = 88) -> str:
     """First sentence of a docstring's first paragraph, on one line, at most ``width`` chars."""

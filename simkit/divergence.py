@@ -56,6 +56,7 @@ _KL_SERIES = np.array([(-1.0) ** k / (k * (k - 1)) for k in range(2, 22)])
 
 # --- input checks ---------------------------------------------------------------------------
 
+
 def _prob_pair(pi, mu) -> tuple[np.ndarray, np.ndarray]:
     """Validate ``pi`` and ``mu`` (…, V) and broadcast their leading axes together."""
     p = as_prob(pi, "pi")
@@ -79,9 +80,7 @@ def _as_per_position(values, name: str, upper: float = np.inf) -> np.ndarray:
     """Per-position divergences: a float array with entries in [0, upper] (inf allowed)."""
     arr = np.asarray(values, dtype=np.float64)
     if arr.ndim == 0:
-        raise ValueError(
-            f"{name} must have an axis of positions (shape (..., T)), got a scalar"
-        )
+        raise ValueError(f"{name} must have an axis of positions (shape (..., T)), got a scalar")
     if np.any(np.isnan(arr)):
         raise ValueError(f"{name} contains NaN")
     if np.any(arr < 0):
@@ -104,13 +103,12 @@ def _as_log_ratio(log_ratio, name: str = "log_ratio") -> np.ndarray:
     if np.any(np.isnan(lr)):
         raise ValueError(f"{name} contains NaN")
     if np.any(lr == np.inf):
-        raise ValueError(
-            f"{name} contains +inf: a sample y ~ μ with μ(y) = 0 is impossible"
-        )
+        raise ValueError(f"{name} contains +inf: a sample y ~ μ with μ(y) = 0 is impossible")
     return lr
 
 
 # --- exact divergences ----------------------------------------------------------------------
+
 
 def chi2(pi, mu) -> np.ndarray:
     """Pearson χ² divergence χ²(π‖μ) = Σ π²/μ − 1 = Var_μ(π/μ) over the last axis.
@@ -122,7 +120,11 @@ def chi2(pi, mu) -> np.ndarray:
 
     pi, mu: (…, V) probabilities (leading axes broadcast). Returns (…).
     """
-    p, q = _prob_pair(pi, mu)
+    return _chi2_raw(*_prob_pair(pi, mu))
+
+
+def _chi2_raw(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """χ² of already validated, same-shape arrays (the kernel of :func:`chi2`)."""
     diff = p - q
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         terms = np.where(q > 0, diff * diff / q, np.where(p > 0, np.inf, 0.0))
@@ -155,7 +157,11 @@ def kl(pi, mu) -> np.ndarray:
 
     pi, mu: (…, V) probabilities (leading axes broadcast). Returns (…).
     """
-    p, q = _prob_pair(pi, mu)
+    return _kl_raw(*_prob_pair(pi, mu))
+
+
+def _kl_raw(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """KL of already validated, same-shape arrays (the kernel of :func:`kl`)."""
     return _kl_terms(p, q).sum(axis=-1)
 
 
@@ -164,7 +170,11 @@ def tv(pi, mu) -> np.ndarray:
 
     pi, mu: (…, V) probabilities (leading axes broadcast). Returns (…).
     """
-    p, q = _prob_pair(pi, mu)
+    return _tv_raw(*_prob_pair(pi, mu))
+
+
+def _tv_raw(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """TV of already validated, same-shape arrays (the kernel of :func:`tv`)."""
     return 0.5 * np.abs(p - q).sum(axis=-1)
 
 
@@ -234,6 +244,7 @@ def renyi(pi, mu, alpha: float) -> np.ndarray:
 
 # --- sequence-level closed forms for independent positions -----------------------------------
 
+
 def chi2_seq(chi2_tok, axis: int = -1) -> np.ndarray:
     """χ² of a product of independent positions: 1 + χ²_seq = Π_t (1 + χ²_t).
 
@@ -278,8 +289,9 @@ def hellinger_seq(hellinger_tok, axis: int = -1) -> np.ndarray:
     return np.sqrt(-np.expm1(log_bc))
 
 
-def tv_seq_bounds(tv_tok, hellinger_tok=None, kl_tok=None, chi2_tok=None,
-                  axis: int = -1) -> tuple[np.ndarray, np.ndarray]:
+def tv_seq_bounds(
+    tv_tok, hellinger_tok=None, kl_tok=None, chi2_tok=None, axis: int = -1
+) -> tuple[np.ndarray, np.ndarray]:
     """Bounds ``(lo, hi)`` on the TV distance between products of independent positions.
 
     TV of a product has no closed form in the per-position TVs; these inequalities hold for any
@@ -315,9 +327,7 @@ def tv_seq_bounds(tv_tok, hellinger_tok=None, kl_tok=None, chi2_tok=None,
     def _same(values, name, upper=np.inf):
         arr = _as_per_position(values, name, upper=upper)
         if arr.shape != t.shape:
-            raise ValueError(
-                f"shape mismatch: tv_tok has shape {t.shape}, {name} has {arr.shape}"
-            )
+            raise ValueError(f"shape mismatch: tv_tok has shape {t.shape}, {name} has {arr.shape}")
         return arr
 
     if hellinger_tok is not None:
@@ -337,6 +347,7 @@ def tv_seq_bounds(tv_tok, hellinger_tok=None, kl_tok=None, chi2_tok=None,
 
 
 # --- Monte Carlo estimators from log-ratios of samples y ~ μ -----------------------------------
+
 
 @dataclass(frozen=True)
 class MCEstimate:

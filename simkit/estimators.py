@@ -38,8 +38,10 @@ DEFAULT_ADV_EPS = 1e-6
 
 # --- advantages -----------------------------------------------------------------------------
 
-def advantages(rewards, kind: str, J=None, group_size: int | None = None,
-               eps: float = DEFAULT_ADV_EPS) -> np.ndarray:
+
+def advantages(
+    rewards, kind: str, J=None, group_size: int | None = None, eps: float = DEFAULT_ADV_EPS
+) -> np.ndarray:
     """Sequence advantages A of shape (L..., N) from rewards R of shape (L..., N).
 
     Reference sheet section E. Groups are ``group_size`` = G *consecutive* samples along the
@@ -88,8 +90,7 @@ def advantages(rewards, kind: str, J=None, group_size: int | None = None,
         return out.reshape(R.shape)
     if group_size is not None:
         raise ValueError(
-            f"group_size applies to the group advantages {GROUP_ADVANTAGES} only, "
-            f"not to {kind!r}"
+            f"group_size applies to the group advantages {GROUP_ADVANTAGES} only, not to {kind!r}"
         )
     if kind == "raw":
         return R.copy()
@@ -109,13 +110,17 @@ def advantages(rewards, kind: str, J=None, group_size: int | None = None,
 def _check_group_size(group_size, kind: str) -> int:
     if group_size is None:
         raise ValueError(f"advantage {kind!r} needs a group_size G (>= 2)")
-    if isinstance(group_size, bool) or not isinstance(group_size, int | np.integer) \
-            or group_size < 2:
+    if (
+        isinstance(group_size, bool)
+        or not isinstance(group_size, int | np.integer)
+        or group_size < 2
+    ):
         raise ValueError(f"group_size must be an integer >= 2, got {group_size!r}")
     return int(group_size)
 
 
 # --- aggregation ----------------------------------------------------------------------------
+
 
 def aggregation_weights(mask, mode: str, max_length: int | None = None) -> np.ndarray:
     """Per-token aggregation weights 1/Z_i, shape (L..., N, T), 0 on padding.
@@ -169,13 +174,17 @@ def aggregation_weights(mask, mode: str, max_length: int | None = None) -> np.nd
 
 
 def _check_max_length(max_length) -> int:
-    if isinstance(max_length, bool) or not isinstance(max_length, int | np.integer) \
-            or max_length < 1:
+    if (
+        isinstance(max_length, bool)
+        or not isinstance(max_length, int | np.integer)
+        or max_length < 1
+    ):
         raise ValueError(f"max_length must be a positive integer, got {max_length!r}")
     return int(max_length)
 
 
 # --- the estimator --------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Estimator:
@@ -231,8 +240,9 @@ class Estimator:
                 f"unknown advantage {self.advantage!r}; valid advantages: {', '.join(ADVANTAGES)}"
             )
         if self.advantage in GROUP_ADVANTAGES:
-            object.__setattr__(self, "group_size", _check_group_size(self.group_size,
-                                                                     self.advantage))
+            object.__setattr__(
+                self, "group_size", _check_group_size(self.group_size, self.advantage)
+            )
         elif self.group_size is not None:
             raise ValueError(
                 f"group_size applies to the group advantages {GROUP_ADVANTAGES} only, "
@@ -281,8 +291,9 @@ class Estimator:
 
     def advantages(self, rewards, J=None) -> np.ndarray:
         """This estimator's advantages A (L..., N) (see :func:`advantages`)."""
-        return advantages(rewards, self.advantage, J=J, group_size=self.group_size,
-                          eps=self.adv_eps)
+        return advantages(
+            rewards, self.advantage, J=J, group_size=self.group_size, eps=self.adv_eps
+        )
 
     def aggregation_weights(self, mask) -> np.ndarray:
         """This estimator's 1/Z per token (L..., N, T) (see :func:`aggregation_weights`)."""
@@ -351,6 +362,5 @@ def as_estimator(spec) -> Estimator:
     if isinstance(spec, Mapping | str):
         return Estimator(spec)
     raise TypeError(
-        f"an estimator must be an Estimator, a Mapping or a mapping name, "
-        f"got {type(spec).__name__}"
+        f"an estimator must be an Estimator, a Mapping or a mapping name, got {type(spec).__name__}"
     )

@@ -78,6 +78,7 @@ PROGRESS_THRESHOLD = 2_000_000
 
 # --- metric functions (pure, one per quantity) ------------------------------------------------
 
+
 def best_scale(mean, grad_J) -> float:
     """α* = ⟨E ĝ, ∇J⟩ / ‖∇J‖², the least-squares scale of ∇J closest to E ĝ (may be < 0).
 
@@ -159,6 +160,7 @@ def _vectors(mean, grad_J):
 
 # --- the two paths --------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class ExactMoments:
     """Exact moments of an n-sample per-sample estimator: ``mean`` E ĝ (D,), ``variance``
@@ -220,8 +222,9 @@ def sample_gradients(env, batch, estimator) -> MonteCarloDraws:
     Raises ``ValueError`` naming the estimator if its mapping returns a non-finite coefficient.
     """
     est = as_estimator(estimator)
-    lam, c = est.token_weights(batch.log_ratio, batch.mask, batch.rewards, batch.J,
-                               return_coefficients=True)
+    lam, c = est.token_weights(
+        batch.log_ratio, batch.mask, batch.rewards, batch.J, return_coefficients=True
+    )
     mask = np.asarray(batch.mask, dtype=bool)
     bad = int(np.count_nonzero(~np.isfinite(c[mask])))
     if bad:
@@ -229,8 +232,7 @@ def sample_gradients(env, batch, estimator) -> MonteCarloDraws:
             f"estimator {est.name!r}: mapping {est.mapping.name!r} returned non-finite "
             f"coefficients (NaN/inf) on {bad} of {int(mask.sum())} drawn tokens"
         )
-    return MonteCarloDraws(gradients=env.accumulate(batch.actions, lam), coefficients=c,
-                           mask=mask)
+    return MonteCarloDraws(gradients=env.accumulate(batch.actions, lam), coefficients=c, mask=mask)
 
 
 def _bootstrap_weights(reps: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
@@ -256,8 +258,7 @@ def _ball_cosine_bounds(mean, grad_J, radius: float) -> tuple[float, float]:
     return math.cos(min(angle + half, math.pi)), math.cos(max(angle - half, 0.0))
 
 
-def _studentized_bounds(x, W, level: float, scale: float = 1.0, shift=0.0
-                        ) -> tuple[float, float]:
+def _studentized_bounds(x, W, level: float, scale: float = 1.0, shift=0.0) -> tuple[float, float]:
     """Bootstrap-t bounds for scale·E[x] from per-rep values ``x`` (R,), clipped at 0.
 
     Replicates m* = scale·(W@x − shift) with standard errors se* = scale·sd_W(x)/√R;
@@ -282,8 +283,9 @@ def _studentized_bounds(x, W, level: float, scale: float = 1.0, shift=0.0
     return max(m - float(t_hi) * se, 0.0), m - float(t_lo) * se
 
 
-def monte_carlo_metrics(draws: MonteCarloDraws, grad_J, n: int, boot_weights: np.ndarray,
-                        level: float = 0.95) -> dict[str, float]:
+def monte_carlo_metrics(
+    draws: MonteCarloDraws, grad_J, n: int, boot_weights: np.ndarray, level: float = 0.95
+) -> dict[str, float]:
     """Metrics and bounds from Monte Carlo draws (module docstring: debiasing and bounds).
 
     ``boot_weights`` (B, reps) bootstrap resampling weights (rows sum to 1).
@@ -344,15 +346,18 @@ def monte_carlo_metrics(draws: MonteCarloDraws, grad_J, n: int, boot_weights: np
         "bias": _ball_norm_bounds(float(np.linalg.norm(mean - grad_J)), radius),
         "bias_dir": _ball_norm_bounds(float(np.linalg.norm(perp)), radius),
         "cosine": _ball_cosine_bounds(mean, grad_J, radius),
-        "variance": _studentized_bounds(dev_sq, W, level, R / (R - 1),
-                                        shift=np.sum((mean_b - mean) ** 2, axis=1)),
+        "variance": _studentized_bounds(
+            dev_sq, W, level, R / (R - 1), shift=np.sum((mean_b - mean) ** 2, axis=1)
+        ),
         "mse": _studentized_bounds(err_sq, W, level),
         "ess": pct(ess_b),
     }
     num_lo, num_hi = (b**2 for b in _ball_norm_bounds(float(np.linalg.norm(mean)), radius))
     var_lo, var_hi = bounds["variance"]
-    bounds["snr"] = (num_lo / var_hi if var_hi > 0 else math.nan,
-                     num_hi / var_lo if var_lo > 0 else math.inf)
+    bounds["snr"] = (
+        num_lo / var_hi if var_hi > 0 else math.nan,
+        num_hi / var_lo if var_lo > 0 else math.inf,
+    )
     for key, (lo, hi) in bounds.items():
         out[f"{key}_lo"], out[f"{key}_hi"] = lo, hi
     return out
@@ -388,15 +393,37 @@ def _why_not_exact(est: Estimator) -> str:
 # --- the runner -----------------------------------------------------------------------------
 
 _RESERVED = (
-    "estimator", "mapping", "aggregation", "advantage", "group_size", "adv_eps", "max_length",
-    "T", "n", "reps", *DIVERGENCE_COLUMNS, *BOUNDED_METRICS, "khat", "exact",
+    "estimator",
+    "mapping",
+    "aggregation",
+    "advantage",
+    "group_size",
+    "adv_eps",
+    "max_length",
+    "T",
+    "n",
+    "reps",
+    *DIVERGENCE_COLUMNS,
+    *BOUNDED_METRICS,
+    "khat",
+    "exact",
     *(f"{k}_{s}" for k in BOUNDED_METRICS for s in ("lo", "hi")),
 )
 
 
-def run(env, behaviour, estimators, n: int, reps: int = 1000, seed: int = 0, exact="auto",
-        setting: dict | None = None, level: float = 0.95, n_boot: int = 1000,
-        progress: bool | None = None) -> pd.DataFrame:
+def run(
+    env,
+    behaviour,
+    estimators,
+    n: int,
+    reps: int = 1000,
+    seed: int = 0,
+    exact="auto",
+    setting: dict | None = None,
+    level: float = 0.95,
+    n_boot: int = 1000,
+    progress: bool | None = None,
+) -> pd.DataFrame:
     """Bias / variance table of ``estimators`` for n-sample batches drawn from ``behaviour``.
 
     Parameters
@@ -467,23 +494,26 @@ def run(env, behaviour, estimators, n: int, reps: int = 1000, seed: int = 0, exa
     from tqdm.auto import tqdm
 
     rows = []
-    for est, is_exact in tqdm(list(zip(ests, use_exact)), desc="estimators",
-                              disable=not progress):
+    for est, is_exact in tqdm(list(zip(ests, use_exact)), desc="estimators", disable=not progress):
         draws = sample_gradients(env, batch, est)
         if is_exact:
             metrics = exact_metrics(exact_moments(env, mu, est, n), grad_J)
         else:
             metrics = monte_carlo_metrics(draws, grad_J, n, boot_weights, level)
         coeff = np.abs(draws.coefficients[draws.mask])
-        rows.append({
-            **_describe(est),
-            **setting,
-            "T": env.T, "n": n, "reps": reps,
-            **divergences,
-            **metrics,
-            "khat": khat_of_weights(coeff),
-            "exact": is_exact,
-        })
+        rows.append(
+            {
+                **_describe(est),
+                **setting,
+                "T": env.T,
+                "n": n,
+                "reps": reps,
+                **divergences,
+                **metrics,
+                "khat": khat_of_weights(coeff),
+                "exact": is_exact,
+            }
+        )
     return _tidy(rows, ests, list(setting))
 
 
@@ -509,14 +539,20 @@ def _describe(est: Estimator) -> dict:
         "group_size": est.group_size if est.group_size is not None else math.nan,
         "adv_eps": est.adv_eps if est.advantage == "grpo" else math.nan,
         "max_length": est.max_length if est.max_length is not None else math.nan,
-        **{("hp_" + k if k in _RESERVED else k): v
-           for k, v in est.mapping.hyperparameters.items()},
+        **{("hp_" + k if k in _RESERVED else k): v for k, v in est.mapping.hyperparameters.items()},
     }
 
 
 def _tidy(rows: list[dict], ests: list[Estimator], setting_cols: list[str]) -> pd.DataFrame:
-    head = ["estimator", "mapping", "aggregation", "advantage", "group_size", "adv_eps",
-            "max_length"]
+    head = [
+        "estimator",
+        "mapping",
+        "aggregation",
+        "advantage",
+        "group_size",
+        "adv_eps",
+        "max_length",
+    ]
     hp_cols = []
     for est in ests:
         for k in est.mapping.hyperparameters:
@@ -526,8 +562,18 @@ def _tidy(rows: list[dict], ests: list[Estimator], setting_cols: list[str]) -> p
     metric_cols = []
     for key in BOUNDED_METRICS:
         metric_cols += [key, f"{key}_lo", f"{key}_hi"]
-    cols = [*head, *hp_cols, *setting_cols, "T", "n", "reps", *DIVERGENCE_COLUMNS,
-            *metric_cols, "khat", "exact"]
+    cols = [
+        *head,
+        *hp_cols,
+        *setting_cols,
+        "T",
+        "n",
+        "reps",
+        *DIVERGENCE_COLUMNS,
+        *metric_cols,
+        "khat",
+        "exact",
+    ]
     return pd.DataFrame(rows).reindex(columns=cols)
 
 

@@ -30,14 +30,12 @@ range for the first bracket and refining it with Brent's method (``scipy.optimiz
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 from scipy.optimize import brentq
-from scipy.special import logsumexp
 
 from simkit import divergence as _div
 from simkit._validation import as_prob
@@ -61,6 +59,9 @@ __all__ = [
 
 #: divergences that ``dial`` can target, by name
 DIVERGENCES = {"chi2": _div.chi2, "kl": _div.kl, "tv": _div.tv}
+# their kernels on validated arrays (same numbers, without the input checks): used inside the
+# root finding, where π is validated once and every μ comes out of a family
+_KERNELS = {"chi2": _div._chi2_raw, "kl": _div._kl_raw, "tv": _div._tv_raw}
 _SYMBOL = {"chi2": "χ²", "kl": "KL", "tv": "TV"}
 #: relative accuracy that ``dial`` and ``dial_pair`` guarantee on the achieved divergence
 DIAL_RTOL = 1e-8
@@ -70,14 +71,17 @@ _REGISTRY: dict[str, type[ShiftFamily]] = {}
 
 # --- small helpers --------------------------------------------------------------------------
 
+
 def _log(p: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore"):
         return np.log(p)
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
-    """exp(logits − logsumexp(logits)) over the last axis (−inf entries give exact zeros)."""
-    return np.exp(logits - logsumexp(logits, axis=-1, keepdims=True))
+    """exp(logits) normalised over the last axis, after subtracting the row maximum (each row
+    has a finite entry; −inf entries give exact zeros)."""
+    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
 
 
 def _ascending_order(p: np.ndarray) -> np.ndarray:
@@ -108,6 +112,7 @@ def _require_support_larger(p: np.ndarray, n: int, what: str) -> None:
 
 
 # --- the family contract and registry -------------------------------------------------------
+
 
 class ShiftFamily:
     """Base class of shift families (subclasses are frozen dataclasses)."""
@@ -163,8 +168,10 @@ class ShiftFamily:
     @property
     def label(self) -> str:
         """Short human-readable label, e.g. ``temperature(direction=flatten)``."""
-        hp = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
-                       for k, v in self.hyperparameters.items())
+        hp = ", ".join(
+            f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in self.hyperparameters.items()
+        )
         return f"{self.name}({hp})" if hp else self.name
 
 
@@ -206,6 +213,7 @@ def get(name: str, **hyperparams) -> ShiftFamily:
 
 # --- the families ---------------------------------------------------------------------------
 
+
 @register
 @dataclass(frozen=True)
 class Temperature(ShiftFamily):
@@ -223,9 +231,7 @@ class Temperature(ShiftFamily):
 
     def __post_init__(self):
         if self.direction not in ("flatten", "sharpen"):
-            raise ValueError(
-                f"direction must be 'flatten' or 'sharpen', got {self.direction!r}"
-            )
+            raise ValueError(f"direction must be 'flatten' or 'sharpen', got {self.direction!r}")
 
     def _apply(self, p, s):
         log_p = _log(p)
@@ -452,6 +458,7 @@ def _tilt_mu(log_p, u_hat, v_hat, angle, strength):
 
 # --- root finding ---------------------------------------------------------------------------
 
+
 class _Unreachable(Exception):
     """The target lies above everything the scan saw; ``best`` is the largest value seen."""
 
@@ -499,7 +506,7 @@ def _solve_increasing_crossing(value_at, target: float, grid, grid_values) -> fl
 def _scan_grid(family: ShiftFamily, pi_row: np.ndarray) -> np.ndarray:
     upper = family.max_strength(pi_row)
     if np.isfinite(upper):
-        return np.linspace(0.0, upper, 257)[1:]
+        return np.linspace(0.0, upper, 65)[1:]
     grid = 1e-8 * 2.0 ** np.arange(int(np.ceil(np.log2(family.scan_cap / 1e-8))) + 1)
     return np.append(grid[grid < family.scan_cap], family.scan_cap)
 
@@ -532,12 +539,19 @@ def _row_label(batch: tuple, i: int) -> str:
     return f" (row {tuple(int(k) for k in np.unravel_index(i, batch))} of pi)" if batch else ""
 
 
-def dial(pi, target, divergence: str = "chi2", family: str | ShiftFamily = "temperature", *,
-         return_strength: bool = False, **family_kwargs):
+def dial(
+    pi,
+    target,
+    divergence: str = "chi2",
+    family: str | ShiftFamily = "temperature",
+    *,
+    return_strength: bool = False,
+    **family_kwargs,
+):
     """Move π with a shift family until D(π‖μ) equals ``target``; return μ.
 
     Solves D(π‖family.apply(π, s)) = target for the strength s: the strength range is scanned
-    (a grid of 256 points on a bounded range, doubling steps from 1e-8 on an unbounded one) for
+    (a grid of 64 points on a bounded range, doubling steps from 1e-8 on an unbounded one) for
     the first bracket, then refined with ``scipy.optimize.brentq`` at full double precision, so
     the achieved divergence matches the target to ``DIAL_RTOL`` = 1e-8 relative (checked).
     The first crossing is returned, so a family whose divergence is not monotone in the
@@ -559,9 +573,7 @@ def dial(pi, target, divergence: str = "chi2", family: str | ShiftFamily = "temp
     """
     fam = _resolve_family(family, family_kwargs)
     if divergence not in DIVERGENCES:
-        raise ValueError(
-            f"divergence must be one of {sorted(DIVERGENCES)}, got {divergence!r}"
-        )
+        raise ValueError(f"divergence must be one of {sorted(DIVERGENCES)}, got {divergence!r}")
     if fam.cuts_support and divergence in ("chi2", "kl"):
         raise ValueError(
             f"family {fam.name!r} cuts π's support (tokens with π > 0 get μ = 0), so "
@@ -573,7 +585,7 @@ def dial(pi, target, divergence: str = "chi2", family: str | ShiftFamily = "temp
     targets = _targets(target, batch, "target")
     rows = p.reshape(-1, p.shape[-1])
     fam._check_rows(rows)
-    div_fn = DIVERGENCES[divergence]
+    div_fn = _KERNELS[divergence]
     sym = _SYMBOL[divergence]
     strengths = np.zeros(len(rows))
     for i, (row, t) in enumerate(zip(rows, targets)):
@@ -598,12 +610,16 @@ def dial(pi, target, divergence: str = "chi2", family: str | ShiftFamily = "temp
             step = 1e-9 * max(s_star, 1e-12)
             left, right = value_at(max(s_star - step, 0.0)), value_at(s_star + step)
             if abs(right - left) > DIAL_RTOL * t:
-                why = (f"the divergence jumps from {left:.6g} to {right:.6g} at strength "
-                       f"{s_star:.6g} (the family is discontinuous there)")
+                why = (
+                    f"the divergence jumps from {left:.6g} to {right:.6g} at strength "
+                    f"{s_star:.6g} (the family is discontinuous there)"
+                )
             else:
-                why = (f"near strength {s_star:.6g} the divergence is only resolved to "
-                       f"{abs(achieved - t):.3g} (rounding level), more than {DIAL_RTOL:g} "
-                       "relative of this target")
+                why = (
+                    f"near strength {s_star:.6g} the divergence is only resolved to "
+                    f"{abs(achieved - t):.3g} (rounding level), more than {DIAL_RTOL:g} "
+                    "relative of this target"
+                )
             raise ValueError(
                 f"target {sym} = {t:.6g} cannot be hit with family {fam.label!r}"
                 f"{_row_label(batch, i)}: {why}"
@@ -620,11 +636,12 @@ def dial(pi, target, divergence: str = "chi2", family: str | ShiftFamily = "temp
 
 # --- two targets at once: dial_pair -----------------------------------------------------------
 
-_N_ANGLES = 33
+_N_ANGLES = 17
 
 
-def _pair_row(row: np.ndarray, kl_target: float, chi2_target: float, n_tail: int,
-              where: str) -> tuple[float, float]:
+def _pair_row(
+    row: np.ndarray, kl_target: float, chi2_target: float, n_tail: int, where: str
+) -> tuple[float, float]:
     """(angle, strength) of the tilt family hitting both targets for one row of π."""
     log_p = _log(row)[None, :]
     u_hat, v_hat = _tilt_directions(row[None, :], n_tail)
@@ -634,8 +651,10 @@ def _pair_row(row: np.ndarray, kl_target: float, chi2_target: float, n_tail: int
 
     def strength_for_kl(angle) -> float | None:
         """KL(π‖μ) is increasing in s: bracket from s ≈ √(2 KL) by doubling / halving."""
+
         def excess(s):
-            return float(_div.kl(row, mu_at(angle, s))) - kl_target
+            return float(_div._kl_raw(row, mu_at(angle, s))) - kl_target
+
         lo = hi = math.sqrt(2.0 * kl_target)
         if excess(hi) < 0:
             while excess(hi) < 0:
@@ -657,33 +676,54 @@ def _pair_row(row: np.ndarray, kl_target: float, chi2_target: float, n_tail: int
 
     def chi2_at(angle) -> float | None:
         s = strength_for_kl(angle)
-        return None if s is None else float(_div.chi2(row, mu_at(angle, s)))
+        return None if s is None else float(_div._chi2_raw(row, mu_at(angle, s)))
+
+    def chi2_excess(angle) -> float:
+        value = chi2_at(angle)
+        if value is None:
+            raise ValueError(
+                f"dial_pair: KL = {kl_target:.6g} is not reachable at angle {angle:.6g}{where}, "
+                "between two angles where it is (û and v̂ nearly cancel there); try n_tail > 1"
+            )
+        return value - chi2_target
 
     angles = np.linspace(0.0, math.pi / 2, _N_ANGLES)
     values = [chi2_at(a) for a in angles]
-    reached = [(a, v) for a, v in zip(angles, values) if v is not None]
-    if not reached:
+    if all(v is None for v in values):
         raise ValueError(
             f"KL = {kl_target:.6g} is not reachable with family 'tilt'{where}: μ underflows "
             "before the KL gets there"
         )
-    for (a0, v0), (a1, v1) in itertools.pairwise(reached):
-        if v0 == chi2_target:
-            return a0, strength_for_kl(a0)
-        if (v0 - chi2_target) * (v1 - chi2_target) < 0:
-            angle = _brent(lambda a: chi2_at(a) - chi2_target, a0, a1)
+    for i, v in enumerate(values):
+        if v == chi2_target:
+            return float(angles[i]), strength_for_kl(angles[i])
+    for i in range(_N_ANGLES - 1):
+        v0, v1 = values[i], values[i + 1]
+        if v0 is not None and v1 is not None and (v0 - chi2_target) * (v1 - chi2_target) < 0:
+            angle = _brent(chi2_excess, float(angles[i]), float(angles[i + 1]))
             return angle, strength_for_kl(angle)
-    if reached[-1][1] == chi2_target:
-        return reached[-1][0], strength_for_kl(reached[-1][0])
-    lo_angle, lo_value = min(reached, key=lambda av: av[1])
-    hi_angle, hi_value = max(reached, key=lambda av: av[1])
+    # not reached: describe what is, one interval per run of angles where the KL is reachable
+    runs, current = [], []
+    for a, v in zip(angles, values):
+        if v is None:
+            if current:
+                runs.append(current)
+            current = []
+        else:
+            current.append((a, v))
+    if current:
+        runs.append(current)
+    intervals = " and ".join(
+        f"from {min(v for _, v in run):.6g} to {max(v for _, v in run):.6g} "
+        f"(angles {run[0][0]:.3g} to {run[-1][0]:.3g})"
+        for run in runs
+    )
     rare_mass = float(np.sum(row[_rarest_mask(row[None, :], n_tail)[0]]))
     raise ValueError(
         f"(KL = {kl_target:.6g}, χ² = {chi2_target:.6g}) is not reachable with family 'tilt' "
-        f"(n_tail={n_tail}) from this π{where}: at KL = {kl_target:.6g} it reaches χ² from "
-        f"{lo_value:.6g} (angle {lo_angle:.3g}) to {hi_value:.6g} (angle {hi_angle:.3g}); "
-        f"angle 0 flattens π, angle π/2 starves its {n_tail} rarest token(s) (mass "
-        f"{rare_mass:.3g}). Any μ needs χ² ≥ e^KL − 1 = {math.expm1(kl_target):.6g} "
+        f"(n_tail={n_tail}) from this π{where}: at KL = {kl_target:.6g} it reaches χ² "
+        f"{intervals}; angle 0 flattens π, angle π/2 starves its {n_tail} rarest token(s) "
+        f"(mass {rare_mass:.3g}). Any μ needs χ² > e^KL − 1 = {math.expm1(kl_target):.6g} "
         "(KL ≤ log(1 + χ²)); a larger χ² at this KL needs a rarer token in π"
     )
 
@@ -693,7 +733,7 @@ def dial_pair(pi, kl: float, chi2: float, *, n_tail: int = 1, return_params: boo
     family μ ∝ π·exp(s·(cos θ·û + sin θ·v̂)) (see :class:`Tilt`).
 
     For each angle θ the strength s(θ) with KL = ``kl`` is unique (KL increases with s for an
-    exponential tilt); θ is then solved so that χ² = ``chi2`` (scan of 33 angles in [0, π/2]
+    exponential tilt); θ is then solved so that χ² = ``chi2`` (scan of 17 angles in [0, π/2]
     for a bracket, then ``brentq``). Same KL, very different χ²: the hard constraint is
     KL ≤ log(1 + χ²) (Jensen, reference sheet §F), and at a fixed KL the tilt reaches χ² from
     about its flattening end (θ = 0) to its tail-starving end (θ = π/2), larger the rarer π's
@@ -726,8 +766,7 @@ def dial_pair(pi, kl: float, chi2: float, *, n_tail: int = 1, return_params: boo
                 f"exceed e^KL − 1 = {math.expm1(k):.6g}"
             )
         angle, s = _pair_row(row, k, c, int(n_tail), where)
-        mu = _tilt_mu(_log(row)[None, :], *_tilt_directions(row[None, :], int(n_tail)),
-                      angle, s)[0]
+        mu = _tilt_mu(_log(row)[None, :], *_tilt_directions(row[None, :], int(n_tail)), angle, s)[0]
         got_k, got_c = float(_div.kl(row, mu)), float(_div.chi2(row, mu))
         if not (abs(got_k - k) <= DIAL_RTOL * k and abs(got_c - c) <= DIAL_RTOL * c):
             raise ValueError(  # pragma: no cover - a numerical failure, not expected

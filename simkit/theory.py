@@ -48,6 +48,7 @@ __all__ = [
 
 # --- argument checks ---------------------------------------------------------------------------
 
+
 def _nonneg(x, name: str) -> np.ndarray:
     arr = np.asarray(x, dtype=np.float64)
     if np.any(np.isnan(arr)):
@@ -73,6 +74,7 @@ def _out(x: np.ndarray):
 
 # --- Pinsker chain -----------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class PinskerChain:
     """The four members of TV² ≤ ½KL ≤ ½log(1+χ²) ≤ ½χ², each of shape (…) (reference sheet F).
@@ -88,9 +90,7 @@ class PinskerChain:
 
     def as_array(self) -> np.ndarray:
         """Stack the four members in chain order along a new last axis: shape (…, 4)."""
-        return np.stack(
-            [self.tv_sq, self.half_kl, self.half_log1p_chi2, self.half_chi2], axis=-1
-        )
+        return np.stack([self.tv_sq, self.half_kl, self.half_log1p_chi2, self.half_chi2], axis=-1)
 
 
 def pinsker_chain(pi, mu) -> PinskerChain:
@@ -123,8 +123,9 @@ def pinsker_chain(pi, mu) -> PinskerChain:
     )
 
 
-def pinsker_chain_holds(chain: PinskerChain, rtol: float = 1e-12,
-                        atol: float = 1e-15) -> np.ndarray:
+def pinsker_chain_holds(
+    chain: PinskerChain, rtol: float = 1e-12, atol: float = 1e-15
+) -> np.ndarray:
     """Whether each link of the chain holds, within floating-point slack.
 
     Checks ``a ≤ b·(1 + rtol) + atol`` for the three consecutive pairs of ``chain``.
@@ -144,6 +145,7 @@ def pinsker_chain_holds(chain: PinskerChain, rtol: float = 1e-12,
 
 
 # --- sequence-level importance sampling -------------------------------------------------------
+
 
 def seq_is_second_moment(chi2_tok, T):
     """E_μ[W²] = (1+χ²)^T for a sequence of T independent tokens with per-token χ²(π‖μ).
@@ -205,6 +207,7 @@ def expected_ess(n, chi2):
 
 # --- rl-collapse: truncated sequence IS and token IS ------------------------------------------
 
+
 def seq_tis_bias_bound(chi2, c, K):
     """Bias bound of sequence-level truncated IS, ‖E[ĝ] − g‖ ≤ 2K(1+χ²)/C.
 
@@ -243,8 +246,9 @@ def seq_tis_mse_bound(chi2, c, K):
 
     Minimised over C by :func:`seq_tis_optimal_c`.
     """
-    return _out(np.asarray(seq_tis_bias_bound(chi2, c, K)) ** 2
-                + np.asarray(seq_tis_variance_bound(c, K)))
+    return _out(
+        np.asarray(seq_tis_bias_bound(chi2, c, K)) ** 2 + np.asarray(seq_tis_variance_bound(c, K))
+    )
 
 
 def seq_tis_optimal_c(chi2):
@@ -301,6 +305,7 @@ def length_trap_T(c, rho_bar):
 
 
 # --- VESPO ----------------------------------------------------------------------------------------
+
 
 def vespo_K(c1, c2):
     """K = sup_{w>0} φ(w)/w = ((c1−1)/c2)^{c1−1}·e^{c2−c1+1} for φ(W) = W^{c1}·e^{c2(1−W)}.

@@ -89,8 +89,9 @@ def test_sampling_frequencies_and_reward_means(reward):
     assert batch.actions.shape == (40, 500) and batch.rewards.shape == (40, 500)
     assert batch.log_ratio.shape == (40, 500, 1) and batch.mask.shape == (40, 500, 1)
     assert batch.mask.all() and batch.reps == 40 and batch.n == 500 and batch.T == 1
-    np.testing.assert_allclose(batch.log_ratio[..., 0],
-                               np.log(env.pi / mu)[batch.actions], atol=1e-14)
+    np.testing.assert_allclose(
+        batch.log_ratio[..., 0], np.log(env.pi / mu)[batch.actions], atol=1e-14
+    )
     assert batch.J == env.J() and np.array_equal(batch.grad_J, env.grad_J())
     S = batch.actions.size
     freq = np.bincount(batch.actions.ravel(), minlength=3) / S
@@ -138,8 +139,9 @@ def test_gaussian_support_partial_moments_match_quadrature():
     b = 0.2
     sup = env.support(mu, b)
     assert sup.actions.shape == (6,)
-    for y, pos, p, m1, m2 in zip(sup.actions, sup.positive, sup.prob, sup.adv_first,
-                                 sup.adv_second):
+    for y, pos, p, m1, m2 in zip(
+        sup.actions, sup.positive, sup.prob, sup.adv_first, sup.adv_second
+    ):
         m, s = env.means[y], std[y]
 
         def density(r, m=m, s=s):
@@ -147,8 +149,9 @@ def test_gaussian_support_partial_moments_match_quadrature():
 
         lo, hi = (b, np.inf) if pos else (-np.inf, b)
         for k, target in ((0, p), (1, m1), (2, m2)):
-            val = integrate.quad(lambda r, k=k: (r - b) ** k * density(r), lo, hi,
-                                 epsabs=1e-13, epsrel=1e-12)[0]
+            val = integrate.quad(
+                lambda r, k=k: (r - b) ** k * density(r), lo, hi, epsabs=1e-13, epsrel=1e-12
+            )[0]
             assert target == pytest.approx(mu[y] * val, abs=1e-10)
 
 
@@ -170,10 +173,19 @@ def test_divergences_use_simkit_divergence():
         ({"logits": np.zeros(2), "means": np.array([0.5, 1.5])}, r"in \[0, 1\]"),
         ({"logits": np.zeros(2), "means": np.zeros(2), "reward": "poisson"}, "reward must be"),
         ({"logits": np.zeros(2), "means": np.zeros(2), "reward_std": 1.0}, "Gaussian rewards only"),
-        ({"logits": np.zeros(2), "means": np.zeros(2), "reward": "gaussian", "reward_std": 0.0},
-         "> 0"),
-        ({"logits": np.zeros(2), "means": np.zeros(2), "reward": "gaussian",
-          "reward_std": np.ones(3)}, "reward_std must be a scalar or have shape"),
+        (
+            {"logits": np.zeros(2), "means": np.zeros(2), "reward": "gaussian", "reward_std": 0.0},
+            "> 0",
+        ),
+        (
+            {
+                "logits": np.zeros(2),
+                "means": np.zeros(2),
+                "reward": "gaussian",
+                "reward_std": np.ones(3),
+            },
+            "reward_std must be a scalar or have shape",
+        ),
     ],
 )
 def test_bad_parameters(kwargs, message):

@@ -35,8 +35,17 @@ def test_info_reports_versions(capsys):
     assert cli.main(["info"]) == 0
     out = capsys.readouterr().out
     assert re.search(rf"^\s+numpy\s+{re.escape(np.__version__)}$", out, re.MULTILINE)
-    for dist in ("simkit", "scipy", "pandas", "matplotlib", "arviz-stats", "torch", "pyarrow",
-                 "jupytext", "distributed"):
+    for dist in (
+        "simkit",
+        "scipy",
+        "pandas",
+        "matplotlib",
+        "arviz-stats",
+        "torch",
+        "pyarrow",
+        "jupytext",
+        "distributed",
+    ):
         assert dist in out
     report = cli.package_versions()
     assert report["core"]["numpy"] == np.__version__
@@ -77,7 +86,11 @@ def test_usage_errors_and_help(capsys):
 
 
 def test_python_dash_m_entry_point():
-    proc = subprocess.run([sys.executable, "-m", "simkit", "list", "figures"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "simkit", "list", "figures"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "kernel_shapes" in proc.stdout

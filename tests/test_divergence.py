@@ -64,10 +64,12 @@ def test_match_textbook_formulas(pair):
     np.testing.assert_allclose(dv.tv(p, q), 0.5 * np.abs(p - q).sum(), rtol=1e-12)
     h2 = 0.5 * np.sum((np.sqrt(p) - np.sqrt(q)) ** 2)
     np.testing.assert_allclose(dv.hellinger(p, q) ** 2, h2, rtol=1e-10, atol=1e-15)
-    np.testing.assert_allclose(dv.hellinger(p, q) ** 2, 1 - dv.bhattacharyya(p, q),
-                               rtol=1e-9, atol=1e-14)
-    np.testing.assert_allclose(dv.renyi(p, q, 3.0), np.log(np.sum(p**3 * q**-2)) / 2,
-                               rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(
+        dv.hellinger(p, q) ** 2, 1 - dv.bhattacharyya(p, q), rtol=1e-9, atol=1e-14
+    )
+    np.testing.assert_allclose(
+        dv.renyi(p, q, 3.0), np.log(np.sum(p**3 * q**-2)) / 2, rtol=1e-10, atol=1e-14
+    )
 
 
 @SETTINGS
@@ -207,6 +209,7 @@ def test_renyi_rejects_bad_order():
 
 # --- sequence level: closed forms against enumeration of product distributions -----------------
 
+
 def _product(dists):
     """Joint distribution of independent positions, flattened: (V^T,)."""
     return functools.reduce(np.multiply.outer, dists).ravel()
@@ -228,13 +231,20 @@ def test_sequence_closed_forms_match_enumeration(T, V, data):
     np.testing.assert_allclose(dv.kl_seq(kl_t), dv.kl(joint_pi, joint_mu), **tol)
     for alpha in (0.5, 2.0, 3.0):
         r_t = np.array([dv.renyi(p, q, alpha) for p, q in zip(pis, mus)])
-        np.testing.assert_allclose(dv.renyi_seq(r_t), dv.renyi(joint_pi, joint_mu, alpha),
-                                   rtol=1e-9, atol=1e-13)
-    np.testing.assert_allclose(dv.hellinger_seq(h_t), dv.hellinger(joint_pi, joint_mu),
-                               rtol=1e-9, atol=1e-13)
+        np.testing.assert_allclose(
+            dv.renyi_seq(r_t), dv.renyi(joint_pi, joint_mu, alpha), rtol=1e-9, atol=1e-13
+        )
+    np.testing.assert_allclose(
+        dv.hellinger_seq(h_t), dv.hellinger(joint_pi, joint_mu), rtol=1e-9, atol=1e-13
+    )
     exact_tv = dv.tv(joint_pi, joint_mu)
-    for kwargs in ({}, {"hellinger_tok": h_t}, {"kl_tok": kl_t}, {"chi2_tok": chi2_t},
-                   {"hellinger_tok": h_t, "kl_tok": kl_t, "chi2_tok": chi2_t}):
+    for kwargs in (
+        {},
+        {"hellinger_tok": h_t},
+        {"kl_tok": kl_t},
+        {"chi2_tok": chi2_t},
+        {"hellinger_tok": h_t, "kl_tok": kl_t, "chi2_tok": chi2_t},
+    ):
         lo, hi = dv.tv_seq_bounds(tv_t, **kwargs)
         assert lo - 1e-12 <= exact_tv <= hi + 1e-12
     # the coupling bound 1 − Π(1 − TV_t) is an upper bound

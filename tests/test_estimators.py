@@ -32,7 +32,7 @@ def _loop_advantages(R, kind, J=None, G=None, eps=1e-6):
             out.append(r)
             continue
         start = (i // G) * G
-        group = list(R[start:start + G])
+        group = list(R[start : start + G])
         mean = sum(group) / G
         if kind == "grpo":
             out.append((r - mean) / (statistics.stdev(group) + eps))
@@ -131,8 +131,10 @@ def test_aggregation_weights_on_ragged_masks(mode):
 
 def test_aggregation_weights_bad_input():
     mask = np.ones((2, 3), dtype=bool)
-    with pytest.raises(ValueError, match="unknown aggregation 'mean'; valid aggregations: "
-                                         "token-mean, seq-mean-token-mean"):
+    with pytest.raises(
+        ValueError,
+        match="unknown aggregation 'mean'; valid aggregations: token-mean, seq-mean-token-mean",
+    ):
         aggregation_weights(mask, "mean")
     with pytest.raises(ValueError, match="shorter than the longest sequence"):
         aggregation_weights(mask, "seq-mean-token-sum-norm", max_length=2)
@@ -158,9 +160,12 @@ def test_estimator_validation_and_defaults():
     assert Estimator("naive", name="mine").name == "mine"
     assert as_estimator("naive") == Estimator("naive")
     assert as_estimator(mappings.get("naive")) == Estimator("naive")
-    with pytest.raises(ValueError, match="unknown aggregation 'sum'; valid aggregations: "
-                                         "token-mean, seq-mean-token-mean, seq-mean-token-sum, "
-                                         "seq-mean-token-sum-norm"):
+    with pytest.raises(
+        ValueError,
+        match="unknown aggregation 'sum'; valid aggregations: "
+        "token-mean, seq-mean-token-mean, seq-mean-token-sum, "
+        "seq-mean-token-sum-norm",
+    ):
         Estimator("naive", aggregation="sum")
     with pytest.raises(ValueError, match="unknown advantage 'gae'; valid advantages"):
         Estimator("naive", advantage="gae")
@@ -245,8 +250,12 @@ def _envs():
     logits = np.array([0.4, -0.3, 0.0, 0.9])
     return [
         Bandit(logits, np.array([0.1, 0.8, 0.5, 0.3])),
-        Bandit(logits, np.array([-0.5, 1.0, 0.2, 0.0]), reward="gaussian",
-               reward_std=np.array([0.5, 1.0, 1.5, 0.8])),
+        Bandit(
+            logits,
+            np.array([-0.5, 1.0, 0.2, 0.0]),
+            reward="gaussian",
+            reward_std=np.array([0.5, 1.0, 1.5, 0.8]),
+        ),
     ]
 
 

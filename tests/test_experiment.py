@@ -29,8 +29,12 @@ LOGITS = np.array([0.4, -0.3, 0.0, 0.9])
 MU = np.array([0.35, 0.15, 0.3, 0.2])
 ENVS = {
     "bernoulli": Bandit(LOGITS, np.array([0.1, 0.8, 0.5, 0.3])),
-    "gaussian": Bandit(LOGITS, np.array([-0.5, 1.0, 0.2, 0.0]), reward="gaussian",
-                       reward_std=np.array([0.5, 1.0, 1.5, 0.8])),
+    "gaussian": Bandit(
+        LOGITS,
+        np.array([-0.5, 1.0, 0.2, 0.0]),
+        reward="gaussian",
+        reward_std=np.array([0.5, 1.0, 1.5, 0.8]),
+    ),
 }
 PER_SAMPLE = [n for n in mappings.available() if not mappings.mapping_class(n).batch_dependent]
 BATCH_DEPENDENT = [n for n in mappings.available() if mappings.mapping_class(n).batch_dependent]
@@ -119,8 +123,7 @@ def test_mse_is_bias_squared_plus_variance(reward):
     ests = ["naive", "is_token", "is_seq", Estimator("naive", advantage="rloo", group_size=2)]
     for exact in ("auto", False):
         table = run(ENVS[reward], MU, ests, n=8, reps=300, exact=exact, n_boot=200)
-        np.testing.assert_allclose(table["mse"], table["bias"] ** 2 + table["variance"],
-                                   rtol=1e-12)
+        np.testing.assert_allclose(table["mse"], table["bias"] ** 2 + table["variance"], rtol=1e-12)
 
 
 def test_exact_column_and_exact_true_errors():
@@ -148,13 +151,13 @@ def test_monte_carlo_bounds_cover_the_exact_values(reward):
     env = ENVS[reward]
     ests = ["naive", "is_token", "is_seq"]
     exact = run(env, MU, ests, n=8, reps=100, exact=True).set_index("estimator")
-    mc = run(env, MU, ests, n=8, reps=3000, exact=False, level=0.99,
-             seed=4).set_index("estimator")
+    mc = run(env, MU, ests, n=8, reps=3000, exact=False, level=0.99, seed=4).set_index("estimator")
     for metric in BOUNDED_METRICS:
         truth = exact[metric]
         slack = 1e-12 * truth.abs()  # rounding: naive's ESS is n in both paths
-        assert ((mc[f"{metric}_lo"] <= truth + slack)
-                & (truth - slack <= mc[f"{metric}_hi"])).all(), metric
+        assert (
+            (mc[f"{metric}_lo"] <= truth + slack) & (truth - slack <= mc[f"{metric}_hi"])
+        ).all(), metric
 
 
 def test_bounds_have_their_nominal_coverage():
@@ -165,12 +168,14 @@ def test_bounds_have_their_nominal_coverage():
     exact = run(env, MU, ests, n=8, reps=10, exact=True).set_index("estimator")
     hits = {m: 0 for m in BOUNDED_METRICS}
     for seed in range(runs):
-        mc = run(env, MU, ests, n=8, reps=200, seed=seed, exact=False, level=level,
-                 n_boot=200).set_index("estimator")
+        mc = run(
+            env, MU, ests, n=8, reps=200, seed=seed, exact=False, level=level, n_boot=200
+        ).set_index("estimator")
         for m in BOUNDED_METRICS:
             slack = 1e-12 * exact[m].abs()
-            hits[m] += int(((mc[f"{m}_lo"] <= exact[m] + slack)
-                            & (exact[m] - slack <= mc[f"{m}_hi"])).sum())
+            hits[m] += int(
+                ((mc[f"{m}_lo"] <= exact[m] + slack) & (exact[m] - slack <= mc[f"{m}_hi"])).sum()
+            )
     floor = level - Z * math.sqrt(level * (1 - level) / (runs * len(ests)))
     coverage = {m: h / (runs * len(ests)) for m, h in hits.items()}
     assert all(c >= floor for c in coverage.values()), coverage
@@ -185,20 +190,40 @@ def test_same_seed_same_numbers_and_estimators_do_not_interfere():
     c = run(env, MU, ["naive", grpo, "is_seq"], n=8, reps=200, seed=3, exact=False, n_boot=100)
     row_a = a[a["estimator"] == grpo.name].reset_index(drop=True)
     row_c = c[c["estimator"] == grpo.name].reset_index(drop=True)
-    pd.testing.assert_frame_equal(row_a[row_c.columns.intersection(row_a.columns)],
-                                  row_c[row_c.columns.intersection(row_a.columns)])
+    pd.testing.assert_frame_equal(
+        row_a[row_c.columns.intersection(row_a.columns)],
+        row_c[row_c.columns.intersection(row_a.columns)],
+    )
     d = run(env, MU, ["is_token", grpo], n=8, reps=200, seed=4, exact=False, n_boot=100)
     assert d["variance"].iloc[0] != a["variance"].iloc[0]
 
 
 def test_table_columns():
     env = ENVS["bernoulli"]
-    table = run(env, MU, ["naive", "is_seq"], n=8, reps=50,
-                setting={"divergence": "chi2", "target": 0.5})
-    for col in ("estimator", "mapping", "aggregation", "advantage", "divergence", "target", "T",
-                "n", "reps", "chi2_tok", "kl_tok", "tv_tok", "chi2_seq", "kl_seq", "tv_seq",
-                "khat", "exact", *BOUNDED_METRICS,
-                *(f"{m}_{s}" for m in BOUNDED_METRICS for s in ("lo", "hi"))):
+    table = run(
+        env, MU, ["naive", "is_seq"], n=8, reps=50, setting={"divergence": "chi2", "target": 0.5}
+    )
+    for col in (
+        "estimator",
+        "mapping",
+        "aggregation",
+        "advantage",
+        "divergence",
+        "target",
+        "T",
+        "n",
+        "reps",
+        "chi2_tok",
+        "kl_tok",
+        "tv_tok",
+        "chi2_seq",
+        "kl_seq",
+        "tv_seq",
+        "khat",
+        "exact",
+        *BOUNDED_METRICS,
+        *(f"{m}_{s}" for m in BOUNDED_METRICS for s in ("lo", "hi")),
+    ):
         assert col in table.columns, col
     assert len(table) == 2
     assert table["max_log_ratio"].isna().tolist() == [True, False]  # naive has no such field
@@ -266,7 +291,8 @@ def test_khat_of_weights():
     assert abs(khat - k) <= Z * (1 + k) / math.sqrt(M)
     # zero weights (clipped samples) stay at the bottom, out of the tail
     assert khat_of_weights(np.concatenate([w, np.zeros(1000)])) == pytest.approx(
-        khat_of_weights(np.concatenate([w, np.full(1000, 1e-300)])), abs=1e-12)
+        khat_of_weights(np.concatenate([w, np.full(1000, 1e-300)])), abs=1e-12
+    )
     assert khat_of_weights(np.ones(100)) == -math.inf  # bounded: no tail to fit
     assert math.isnan(khat_of_weights(np.zeros(100)))
     with pytest.raises(ValueError, match="non-negative"):

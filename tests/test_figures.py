@@ -16,8 +16,13 @@ from simkit.figures import (
     style,
 )
 
-EXPECTED = ["kernel_shapes", "kernel_shapes_catalogue", "divergence_inequalities",
-            "bandit_bias_variance", "bias_variance_frontier"]
+EXPECTED = [
+    "kernel_shapes",
+    "kernel_shapes_catalogue",
+    "divergence_inequalities",
+    "bandit_bias_variance",
+    "bias_variance_frontier",
+]
 
 
 # --- registry and style ------------------------------------------------------------------------
@@ -125,8 +130,9 @@ def test_kernel_shapes_config_validation():
 
 def test_kernel_shapes_catalogue_data():
     data = kernel_shapes_catalogue.compute(kernel_shapes_catalogue.config(small=True))
-    scalar = [n for n in mappings.available()
-              if isinstance(mappings.get(n), mappings.ScalarMapping)]
+    scalar = [
+        n for n in mappings.available() if isinstance(mappings.get(n), mappings.ScalarMapping)
+    ]
     assert list(dict.fromkeys(data.mapping)) == scalar
     assert set(data.attrs["not_scalar"]) == set(mappings.available()) - set(scalar)
     assert np.isfinite(data.phi).all()
@@ -243,8 +249,9 @@ def test_render_is_deterministic(tmp_path):
     assert a[1].read_bytes()[:5] == b"%PDF-"
 
 
-@pytest.mark.parametrize("name", ["kernel_shapes_catalogue", "divergence_inequalities",
-                                  "bias_variance_frontier"])
+@pytest.mark.parametrize(
+    "name", ["kernel_shapes_catalogue", "divergence_inequalities", "bias_variance_frontier"]
+)
 def test_render_writes_png_and_pdf(tmp_path, name):
     png, pdf = figures.render(name, tmp_path, small=True)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
@@ -277,8 +284,8 @@ def test_make_returns_data_and_figure():
 def test_divergence_functions_used_by_the_figures_agree():
     # the figure's chain columns come from simkit.divergence: spot-check one pair
     data = divergence_inequalities.random_pairs(
-        divergence_inequalities.Config(pairs_per_setting=1, concentrations=(1.0,),
-                                       perturbations=()))
+        divergence_inequalities.Config(pairs_per_setting=1, concentrations=(1.0,), perturbations=())
+    )
     rng = np.random.default_rng(0)
     pi, mu = rng.dirichlet(np.ones(10)), rng.dirichlet(np.ones(10))
     assert data.chi2.iloc[0] == pytest.approx(float(divergence.chi2(pi, mu)), rel=1e-14)

@@ -20,10 +20,33 @@ from simkit import mappings
 from simkit.mappings import ScalarMapping, available, get, mapping_class
 
 CANONICAL = [
-    "naive", "is_token", "is_seq", "power", "snis", "psis", "soft_shrink", "ppo_clip",
-    "dual_clip", "dapo", "gspo", "gmpo", "sapo", "luffy", "aspo", "cispo", "tis_token",
-    "tis_seq", "mis_token", "mis_seq", "icepop", "geo_mask", "opsm", "token_veto", "m2po",
-    "topr", "vespo",
+    "naive",
+    "is_token",
+    "is_seq",
+    "power",
+    "snis",
+    "psis",
+    "soft_shrink",
+    "ppo_clip",
+    "dual_clip",
+    "dapo",
+    "gspo",
+    "gmpo",
+    "sapo",
+    "luffy",
+    "aspo",
+    "cispo",
+    "tis_token",
+    "tis_seq",
+    "mis_token",
+    "mis_seq",
+    "icepop",
+    "geo_mask",
+    "opsm",
+    "token_veto",
+    "m2po",
+    "topr",
+    "vespo",
 ]
 ALL = available()
 SCALAR = [n for n in ALL if issubclass(mapping_class(n), ScalarMapping)]
@@ -44,6 +67,7 @@ def random_batch(seed: int, N: int = 12, T: int = 9, scale: float = 0.4):
 
 
 # --- registry ------------------------------------------------------------------------------
+
 
 def test_available_is_the_canonical_catalogue_in_order():
     assert ALL == CANONICAL
@@ -99,11 +123,15 @@ def test_required_presets_and_paper_defaults():
     for name in ("mis_token", "icepop"):
         assert (get(name, preset="icepop").c_low, get(name, preset="icepop").c_high) == (0.5, 5)
         assert get(name, preset="trl").c_high == 3.0
-    assert (get("geo_mask", preset="verl").c_low, get("geo_mask", preset="verl").c_high) \
-        == (0.999, 1.001)
+    assert (get("geo_mask", preset="verl").c_low, get("geo_mask", preset="verl").c_high) == (
+        0.999,
+        1.001,
+    )
     assert (get("opsm", preset="slime").delta, get("opsm", preset="trl").delta) == (1e-4, 0.5)
-    assert (get("gspo", preset="paper").eps_low, get("gspo", preset="paper").eps_high) \
-        == (3e-4, 4e-4)
+    assert (get("gspo", preset="paper").eps_low, get("gspo", preset="paper").eps_high) == (
+        3e-4,
+        4e-4,
+    )
     assert get("gspo", preset="libraries").eps_high == 0.2
     assert set(mapping_class("dual_clip").presets) >= {"paper", "verl"}
     # defaults
@@ -168,8 +196,12 @@ INVALID = {
     "opsm": [("delta", -1e-4), ("delta", math.inf)],
     "token_veto": [("tau", -1e-4), ("tau", 2.0)],
     "m2po": [("tau", -0.04), ("trust_region_only", "no")],
-    "vespo": [("k_pos", 0.0), ("lambda_neg", -2.0), ("max_log_ratio_tok", 0.0),
-              ("max_log_ratio_seq", 1e4)],
+    "vespo": [
+        ("k_pos", 0.0),
+        ("lambda_neg", -2.0),
+        ("max_log_ratio_tok", 0.0),
+        ("max_log_ratio_seq", 1e4),
+    ],
 }
 
 
@@ -177,8 +209,9 @@ def test_every_mapping_with_hyperparameters_has_invalid_cases():
     assert set(WITH_HYPERPARAMETERS) == set(INVALID)
 
 
-@pytest.mark.parametrize("name, field, value",
-                         [(n, f, v) for n, cases in INVALID.items() for f, v in cases])
+@pytest.mark.parametrize(
+    "name, field, value", [(n, f, v) for n, cases in INVALID.items() for f, v in cases]
+)
 def test_invalid_hyperparameter_raises_value_error_naming_it(name, field, value):
     with pytest.raises(ValueError, match=field):
         get(name, **{field: value})
@@ -196,6 +229,7 @@ def test_every_numeric_hyperparameter_rejects_nan_and_strings(name):
 
 
 # --- the battery over available() ---------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", ALL)
 def test_on_policy_gives_reinforce(name):
@@ -232,10 +266,11 @@ def test_padding_is_ignored(name):
     changed = np.where(mask, lr, rng.normal(0, 50, size=lr.shape))
     np.testing.assert_allclose(m.coefficients(changed, mask, adv), c, rtol=RTOL, atol=0)
     extra = rng.normal(0, 3, size=(lr.shape[0], 5))
-    wide = m.coefficients(np.hstack([lr, extra]), np.hstack([mask, np.zeros_like(extra, bool)]),
-                          adv)
+    wide = m.coefficients(
+        np.hstack([lr, extra]), np.hstack([mask, np.zeros_like(extra, bool)]), adv
+    )
     np.testing.assert_allclose(wide[:, : lr.shape[1]], c, rtol=RTOL, atol=0)
-    np.testing.assert_array_equal(wide[:, lr.shape[1]:], 0.0)
+    np.testing.assert_array_equal(wide[:, lr.shape[1] :], 0.0)
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -243,8 +278,11 @@ def test_padding_is_ignored(name):
 def test_finite_for_extreme_log_ratios(name, pattern):
     _, mask, adv = random_batch(6, N=40)
     rng = np.random.default_rng(7)
-    lr = {"plus": np.full(mask.shape, 1000.0), "minus": np.full(mask.shape, -1000.0),
-          "mixed": rng.choice([-1000.0, 1000.0], size=mask.shape)}[pattern]
+    lr = {
+        "plus": np.full(mask.shape, 1000.0),
+        "minus": np.full(mask.shape, -1000.0),
+        "mixed": rng.choice([-1000.0, 1000.0], size=mask.shape),
+    }[pattern]
     c = get(name).coefficients(lr, mask, adv)
     assert c.shape == mask.shape
     assert np.all(np.isfinite(c)) and np.all(c >= 0)
@@ -258,8 +296,7 @@ def test_coefficients_depend_on_advantages_only_through_sign(name, data):
     N = data.draw(st.integers(1, 30))
     T = data.draw(st.integers(1, 8))
     lr, mask, _ = random_batch(seed, N=N, T=T, scale=0.5)
-    signs = np.array(data.draw(st.lists(st.sampled_from([-1.0, 0.0, 1.0]), min_size=N,
-                                        max_size=N)))
+    signs = np.array(data.draw(st.lists(st.sampled_from([-1.0, 0.0, 1.0]), min_size=N, max_size=N)))
     rng = np.random.default_rng(seed)
     magnitudes = np.exp(rng.normal(0, 3, size=N))  # positive rescaling per sequence
     m = get(name)
@@ -289,6 +326,7 @@ def test_bad_batch_shapes_are_rejected(name):
 
 # --- independent reference implementations (per element, plain Python) --------------------
 
+
 def _rows(lr, mask, adv):
     for i in range(lr.shape[0]):
         valid = [float(lr[i, t]) for t in range(lr.shape[1]) if mask[i, t]]
@@ -297,6 +335,7 @@ def _rows(lr, mask, adv):
 
 def _seq_ref(fn):
     """Reference for a mapping with one value per sequence: fn(m, valid, positive)."""
+
     def ref(m, lr, mask, adv):
         c = np.zeros(lr.shape)
         for i, valid, positive in _rows(lr, mask, adv):
@@ -305,11 +344,13 @@ def _seq_ref(fn):
                 if mask[i, t]:
                     c[i, t] = value
         return c
+
     return ref
 
 
 def _tok_ref(fn):
     """Reference for a token-level mapping: fn(m, r, positive) per valid token."""
+
     def ref(m, lr, mask, adv):
         c = np.zeros(lr.shape)
         for i in range(lr.shape[0]):
@@ -317,6 +358,7 @@ def _tok_ref(fn):
                 if mask[i, t]:
                     c[i, t] = fn(m, math.exp(lr[i, t]), adv[i] >= 0)
         return c
+
     return ref
 
 
@@ -389,8 +431,9 @@ def _m2po_ref(m, lr, mask, adv):
     for i in range(lr.shape[0]):
         for t in range(lr.shape[1]):
             x = lr[i, t]
-            if mask[i, t] and (not m.trust_region_only
-                               or (adv[i] >= 0 and x > 0) or (adv[i] < 0 and x < 0)):
+            if mask[i, t] and (
+                not m.trust_region_only or (adv[i] >= 0 and x > 0) or (adv[i] < 0 and x < 0)
+            ):
                 cand.append((i, t))
     removed = set()
     remaining = list(cand)
@@ -420,8 +463,9 @@ REFERENCE = {
     "power": _seq_ref(lambda m, v, p: math.exp(sum(v)) ** m.alpha),
     "snis": _snis,
     "psis": _psis,
-    "soft_shrink": _seq_ref(lambda m, v, p: math.exp(sum(v))
-                            / (1 - m.lam + m.lam * math.exp(sum(v)))),
+    "soft_shrink": _seq_ref(
+        lambda m, v, p: math.exp(sum(v)) / (1 - m.lam + m.lam * math.exp(sum(v)))
+    ),
     "ppo_clip": _tok_ref(_ppo),
     "dual_clip": _tok_ref(_ppo),
     "dapo": _tok_ref(_ppo),
@@ -435,10 +479,10 @@ REFERENCE = {
     "tis_seq": _seq_ref(lambda m, v, p: min(math.exp(sum(v)), m.c)),
     "mis_token": _tok_ref(lambda m, r, p: r if m.c_low <= r <= m.c_high else 0.0),
     "icepop": _tok_ref(lambda m, r, p: r if m.c_low <= r <= m.c_high else 0.0),
-    "mis_seq": _seq_ref(lambda m, v, p: math.exp(sum(v))
-                        if m.c_low <= math.exp(sum(v)) <= m.c_high else 0.0),
-    "geo_mask": _seq_ref(lambda m, v, p: 1.0 if m.c_low <= math.exp(_mean(v)) <= m.c_high
-                         else 0.0),
+    "mis_seq": _seq_ref(
+        lambda m, v, p: math.exp(sum(v)) if m.c_low <= math.exp(sum(v)) <= m.c_high else 0.0
+    ),
+    "geo_mask": _seq_ref(lambda m, v, p: 1.0 if m.c_low <= math.exp(_mean(v)) <= m.c_high else 0.0),
     "opsm": _seq_ref(lambda m, v, p: 0.0 if (not p and -_mean(v) > m.delta) else 1.0),
     "token_veto": _seq_ref(lambda m, v, p: 0.0 if any(math.exp(x) < m.tau for x in v) else 1.0),
     "m2po": _m2po_ref,
@@ -448,14 +492,23 @@ REFERENCE = {
 
 #: non-default settings also checked against the reference (exercise every branch)
 VARIANTS = [
-    ("power", {"alpha": 0.3}), ("soft_shrink", {"lam": 0.7}), ("ppo_clip", {"eps_low": 0.1}),
-    ("dual_clip", {"c_dual": 1.3}), ("gspo", {"eps_low": 0.1, "eps_high": 0.05}),
-    ("gmpo", {"eps_low": 0.1, "eps_high": 0.3}), ("luffy", {"normalize": False}),
-    ("aspo", {"c_dual": 1.5, "eps_low": 0.1}), ("cispo", {"eps_low": 0.3}),
-    ("tis_token", {"c_low": 0.7, "c_high": 1.4}), ("tis_seq", {"c": 1.2}),
-    ("mis_token", {"c_low": 0.8, "c_high": 1.3}), ("mis_seq", {"c_low": 0.6, "c_high": 1.5}),
-    ("geo_mask", {"c_low": 0.9, "c_high": 1.1}), ("opsm", {"delta": 0.05}),
-    ("token_veto", {"tau": 0.5}), ("m2po", {"tau": 0.02}),
+    ("power", {"alpha": 0.3}),
+    ("soft_shrink", {"lam": 0.7}),
+    ("ppo_clip", {"eps_low": 0.1}),
+    ("dual_clip", {"c_dual": 1.3}),
+    ("gspo", {"eps_low": 0.1, "eps_high": 0.05}),
+    ("gmpo", {"eps_low": 0.1, "eps_high": 0.3}),
+    ("luffy", {"normalize": False}),
+    ("aspo", {"c_dual": 1.5, "eps_low": 0.1}),
+    ("cispo", {"eps_low": 0.3}),
+    ("tis_token", {"c_low": 0.7, "c_high": 1.4}),
+    ("tis_seq", {"c": 1.2}),
+    ("mis_token", {"c_low": 0.8, "c_high": 1.3}),
+    ("mis_seq", {"c_low": 0.6, "c_high": 1.5}),
+    ("geo_mask", {"c_low": 0.9, "c_high": 1.1}),
+    ("opsm", {"delta": 0.05}),
+    ("token_veto", {"tau": 0.5}),
+    ("m2po", {"tau": 0.02}),
     ("m2po", {"tau": 0.05, "trust_region_only": False}),
     ("vespo", {"max_log_ratio_tok": 0.3, "max_log_ratio_seq": 0.8}),
 ]
@@ -477,8 +530,9 @@ def test_coefficients_match_the_reference_formula(name, hyper, seed):
 DENSE = [n for n in ALL if mapping_class(n).level == "token"] + ["gmpo"]
 
 
-@pytest.mark.parametrize("name, hyper", [(n, {}) for n in DENSE]
-                         + [(n, h) for n, h in VARIANTS if n in DENSE])
+@pytest.mark.parametrize(
+    "name, hyper", [(n, {}) for n in DENSE] + [(n, h) for n, h in VARIANTS if n in DENSE]
+)
 def test_token_coefficients_match_the_reference_on_a_dense_grid(name, hyper):
     """Rows of log-ratios every 1e-3 on [−1.5, 1.5] (shifted per row): every band edge is hit
     within 1e-3, on both signs of A."""
@@ -488,14 +542,23 @@ def test_token_coefficients_match_the_reference_on_a_dense_grid(name, hyper):
     mask[:, ::7] = False
     adv = np.array([1.0, -1.0, -2.0, 0.0])
     m = get(name, **hyper)
-    np.testing.assert_allclose(m.coefficients(lr, mask, adv), REFERENCE[name](m, lr, mask, adv),
-                               rtol=1e-11, atol=1e-300)
+    np.testing.assert_allclose(
+        m.coefficients(lr, mask, adv), REFERENCE[name](m, lr, mask, adv), rtol=1e-11, atol=1e-300
+    )
 
 
-@pytest.mark.parametrize("name, bound", [("mis_seq", "c_high"), ("mis_seq", "c_low"),
-                                         ("mis_token", "c_high"), ("mis_token", "c_low"),
-                                         ("icepop", "c_low"), ("geo_mask", "c_high"),
-                                         ("geo_mask", "c_low")])
+@pytest.mark.parametrize(
+    "name, bound",
+    [
+        ("mis_seq", "c_high"),
+        ("mis_seq", "c_low"),
+        ("mis_token", "c_high"),
+        ("mis_token", "c_low"),
+        ("icepop", "c_low"),
+        ("geo_mask", "c_high"),
+        ("geo_mask", "c_low"),
+    ],
+)
 def test_mask_bands_are_inclusive(name, bound):
     """Sheet §C: r·1[a ≤ r ≤ b], W·1[C_min ≤ W ≤ C_max], 1[lo ≤ s ≤ hi]: a ratio exactly on
     a bound is kept."""
@@ -516,8 +579,9 @@ def test_m2po_masks_in_the_slow_path_and_matches_algorithm_1():
     m = get("m2po")
     removed = m.masked_tokens(lr, mask, adv)
     assert removed.sum() > 2  # the threshold is active
-    np.testing.assert_allclose(m.coefficients(lr, mask, adv), _m2po_ref(m, lr, mask, adv),
-                               rtol=RTOL)
+    np.testing.assert_allclose(
+        m.coefficients(lr, mask, adv), _m2po_ref(m, lr, mask, adv), rtol=RTOL
+    )
     kept = mask & ~removed & np.where(adv[:, None] >= 0, lr > 0, lr < 0)
     assert np.mean(lr[kept] ** 2) <= m.tau
 
@@ -531,8 +595,9 @@ def test_m2po_breaks_ties_by_position():
     m = get("m2po", tau=0.015)  # (0.25 + 22e-4)/23 ≈ 0.011 ≤ τ once one 0.25 is gone
     removed = m.masked_tokens(lr, mask, np.ones(2))
     assert removed.sum() == 1 and removed[0, 3]
-    np.testing.assert_allclose(m.coefficients(lr, mask, np.ones(2)),
-                               _m2po_ref(m, lr, mask, np.ones(2)), rtol=RTOL)
+    np.testing.assert_allclose(
+        m.coefficients(lr, mask, np.ones(2)), _m2po_ref(m, lr, mask, np.ones(2)), rtol=RTOL
+    )
 
 
 def test_geo_mask_with_tis_base():
@@ -591,8 +656,11 @@ def test_vespo_phi_is_one_on_policy_and_peaks_at_c1_over_c2():
         assert w[np.argmax(phi)] == pytest.approx(k / lam, abs=5e-4)
     # f(0) = 0 and f saturates at e^c2·c2^−c1·Γ(c1)
     assert mappings.vespo_f(np.array(0.0), 2.0, 3.0) == 0.0
-    np.testing.assert_allclose(mappings.vespo_f(np.array([1e4]), 2.0, 3.0),
-                               math.exp(3.0) * 3.0**-2 * math.gamma(2.0), rtol=RTOL)
+    np.testing.assert_allclose(
+        mappings.vespo_f(np.array([1e4]), 2.0, 3.0),
+        math.exp(3.0) * 3.0**-2 * math.gamma(2.0),
+        rtol=RTOL,
+    )
     with pytest.raises(ValueError, match="k"):
         mappings.vespo_phi(1.0, 0.0, 3.0)
 
@@ -605,6 +673,7 @@ def test_sapo_is_one_on_policy_and_never_zero():
 
 
 # --- scalar mappings: φ, f and coefficients ------------------------------------------------
+
 
 def _grid():
     rng = np.random.default_rng(41)
@@ -661,12 +730,14 @@ def test_paper_surrogates():
     np.testing.assert_allclose(clip.f(w, True), np.minimum(w, 1.2))
     np.testing.assert_allclose(clip.f(w, False), np.maximum(w, 0.8))
     tau = 1.05
-    np.testing.assert_allclose(get("sapo").f(w, False), 4 / tau / (1 + np.exp(-tau * (w - 1))),
-                               rtol=RTOL)
+    np.testing.assert_allclose(
+        get("sapo").f(w, False), 4 / tau / (1 + np.exp(-tau * (w - 1))), rtol=RTOL
+    )
     np.testing.assert_allclose(get("luffy", normalize=False).f(w), w / (w + 0.1), rtol=RTOL)
 
 
 # --- paper facts ---------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("preset", ["paper", "libraries"])
 def test_gspo_is_length_invariant(preset):
@@ -734,6 +805,7 @@ def test_opsm_only_drops_negative_drifted_sequences():
 
 # --- PSIS ----------------------------------------------------------------------------------
 
+
 def test_psis_khat_agrees_with_arviz():
     from arviz_stats.base import array_stats
 
@@ -766,8 +838,7 @@ def test_psis_khat_recovers_the_pareto_shape():
     Pareto), so E[k̂] ≈ ξ; checked as |mean k̂ − ξ| ≤ 4.5·SE over 40 seeded replicates."""
     xi = 0.6
     rng = np.random.default_rng(73)
-    khats = np.array([mappings.psis_khat(-xi * np.log(rng.uniform(size=4000)))
-                      for _ in range(40)])
+    khats = np.array([mappings.psis_khat(-xi * np.log(rng.uniform(size=4000))) for _ in range(40)])
     se = khats.std(ddof=1) / math.sqrt(khats.size)
     assert abs(khats.mean() - xi) <= 4.5 * se
 
@@ -794,10 +865,10 @@ def test_psis_mapping_is_snis_scaled_smoothing_and_reports_khat():
     c = m.coefficients(lr, mask, adv)
     log_w = np.where(mask, lr, 0).sum(axis=1)
     smoothed, khat = mappings.psis_smooth(log_w)
-    np.testing.assert_allclose(c[:, 0][mask[:, 0]], (300 * np.exp(smoothed))[mask[:, 0]],
-                               rtol=RTOL)
+    np.testing.assert_allclose(c[:, 0][mask[:, 0]], (300 * np.exp(smoothed))[mask[:, 0]], rtol=RTOL)
     assert m.khat(lr, mask) == khat
     # small batches reduce to SNIS
     lr, mask, adv = random_batch(75, N=10)
-    np.testing.assert_allclose(m.coefficients(lr, mask, adv),
-                               get("snis").coefficients(lr, mask, adv), rtol=RTOL)
+    np.testing.assert_allclose(
+        m.coefficients(lr, mask, adv), get("snis").coefficients(lr, mask, adv), rtol=RTOL
+    )

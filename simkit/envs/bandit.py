@@ -158,8 +158,7 @@ class Bandit:
                     "(the variance is m(1 - m))"
                 )
         else:
-            std = np.asarray(1.0 if self.reward_std is None else self.reward_std,
-                             dtype=np.float64)
+            std = np.asarray(1.0 if self.reward_std is None else self.reward_std, dtype=np.float64)
             if std.ndim == 0:
                 std = np.full(K, float(std))
             if std.shape != (K,):
@@ -256,8 +255,9 @@ class Bandit:
                 f"(or {y.shape}), got {lam.shape}"
             )
         if y.size and (y.min() < 0 or y.max() >= self.K):
-            raise ValueError(f"actions must lie in [0, K) = [0, {self.K}), got min {y.min()}, "
-                             f"max {y.max()}")
+            raise ValueError(
+                f"actions must lie in [0, K) = [0, {self.K}), got min {y.min()}, max {y.max()}"
+            )
         lead = y.shape[:-1]
         B = int(np.prod(lead, dtype=np.int64))
         n = y.shape[-1]
@@ -268,8 +268,7 @@ class Bandit:
 
     # --- sampling -------------------------------------------------------------------------
 
-    def sample(self, mu, n: int, rng: np.random.Generator, reps: int | None = None
-               ) -> BanditBatch:
+    def sample(self, mu, n: int, rng: np.random.Generator, reps: int | None = None) -> BanditBatch:
         """Draw ``reps`` independent batches (or one if ``reps`` is None) of ``n`` arms y ~ μ.
 
         Rewards R | y ~ Bernoulli(m_y) or Normal(m_y, s_y²). All draws are made at once

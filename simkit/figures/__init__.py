@@ -47,8 +47,16 @@ FIGURES: dict[str, ModuleType] = {
 PNG_METADATA = {"Software": None}
 PDF_METADATA = {"CreationDate": None, "ModDate": None, "Producer": None, "Creator": None}
 
-__all__ = ["FIGURES", "available", "figure_module", "make", "render", "small_from_env",
-           "style", "write_gallery"]
+__all__ = [
+    "FIGURES",
+    "available",
+    "figure_module",
+    "make",
+    "render",
+    "small_from_env",
+    "style",
+    "write_gallery",
+]
 
 
 def available() -> list[str]:

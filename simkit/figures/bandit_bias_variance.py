@@ -25,10 +25,12 @@ from simkit.figures import _common, style
 
 NAME = "bandit_bias_variance"
 TITLE = "Bias, variance, MSE and cosine vs χ² on a bandit"
-CAPTION = ("every mapping of the catalogue (default hyperparameters, oracle advantage, n samples "
-           "per estimate) on a Bernoulli bandit whose behaviour μ is dialed to a grid of "
-           "χ²(π‖μ); exact for per-sample mappings, Monte Carlo with 95 % bootstrap bounds for "
-           "batch-dependent ones.")
+CAPTION = (
+    "every mapping of the catalogue (default hyperparameters, oracle advantage, n samples "
+    "per estimate) on a Bernoulli bandit whose behaviour μ is dialed to a grid of "
+    "χ²(π‖μ); exact for per-sample mappings, Monte Carlo with 95 % bootstrap bounds for "
+    "batch-dependent ones."
+)
 
 
 @dataclass(frozen=True)
@@ -80,8 +82,12 @@ def make_bandit(arms: int, seed: int) -> Bandit:
 
 def estimators(names) -> list[Estimator]:
     """One estimator per mapping: defaults, seq-mean-token-sum aggregation, oracle advantage."""
-    return [Estimator(mappings.get(name), aggregation="seq-mean-token-sum", advantage="oracle",
-                      name=name) for name in names]
+    return [
+        Estimator(
+            mappings.get(name), aggregation="seq-mean-token-sum", advantage="oracle", name=name
+        )
+        for name in names
+    ]
 
 
 def compute(cfg: Config) -> pd.DataFrame:
@@ -91,9 +97,17 @@ def compute(cfg: Config) -> pd.DataFrame:
     frames = []
     for target in cfg.chi2_grid:
         mu = shifts.dial(env.pi, float(target), divergence="chi2", family=cfg.shift_family)
-        frame = experiment.run(env, mu, ests, n=cfg.n, reps=cfg.reps, seed=cfg.seed,
-                               n_boot=cfg.n_boot, progress=False,
-                               setting={"target_chi2": float(target)})
+        frame = experiment.run(
+            env,
+            mu,
+            ests,
+            n=cfg.n,
+            reps=cfg.reps,
+            seed=cfg.seed,
+            n_boot=cfg.n_boot,
+            progress=False,
+            setting={"target_chi2": float(target)},
+        )
         frames.append(frame)
     data = pd.concat(frames, ignore_index=True)
     data["family"] = [style.family(m) for m in data.mapping]
@@ -130,8 +144,14 @@ def draw(data: pd.DataFrame):
                 hi = part[f"{metric}_hi"].to_numpy(dtype=float)
                 if scale == "log":
                     lo = np.maximum(lo, bias_floor if metric == "bias" else y * 1e-3)
-                ax.errorbar(x, y, yerr=[np.maximum(y - lo, 0), np.maximum(hi - y, 0)],
-                            capsize=1.5, elinewidth=0.7, **kw)
+                ax.errorbar(
+                    x,
+                    y,
+                    yerr=[np.maximum(y - lo, 0), np.maximum(hi - y, 0)],
+                    capsize=1.5,
+                    elinewidth=0.7,
+                    **kw,
+                )
             else:
                 ax.plot(x, y, **kw)
         ax.set_xscale("log")
@@ -139,9 +159,17 @@ def draw(data: pd.DataFrame):
         ax.set_ylabel(label)
         if metric == "bias":
             ax.axhline(bias_floor, color="0.5", linewidth=0.6, linestyle=":")
-            ax.annotate("0 (unbiased)", (1.0, bias_floor), xycoords=("axes fraction", "data"),
-                        xytext=(-2, 2), textcoords="offset points", ha="right", va="bottom",
-                        fontsize=7, color="0.35")
+            ax.annotate(
+                "0 (unbiased)",
+                (1.0, bias_floor),
+                xycoords=("axes fraction", "data"),
+                xytext=(-2, 2),
+                textcoords="offset points",
+                ha="right",
+                va="bottom",
+                fontsize=7,
+                color="0.35",
+            )
         if metric == "cosine":
             ax.set_ylim(min(-0.05, float(np.nanmin(data.cosine)) - 0.05), 1.05)
     for ax in axes[1]:
@@ -151,10 +179,19 @@ def draw(data: pd.DataFrame):
     handles, labels = axes[0, 0].get_legend_handles_labels()
     by_label = dict(zip(labels, handles, strict=True))
     ordered = [name for name in names if name in by_label]  # registry order (errorbars last)
-    fig.legend([by_label[n] for n in ordered], ordered, loc="outside right center", ncol=1,
-               fontsize=6.5, handlelength=2.4, title="mapping", title_fontsize=7.5)
+    fig.legend(
+        [by_label[n] for n in ordered],
+        ordered,
+        loc="outside right center",
+        ncol=1,
+        fontsize=6.5,
+        handlelength=2.4,
+        title="mapping",
+        title_fontsize=7.5,
+    )
     n = int(data.n.iloc[0])
     arms = int(data.arms.iloc[0])
-    fig.suptitle(f"Every mapping on a {arms}-armed Bernoulli bandit, "
-                 f"n = {n} samples per gradient estimate")
+    fig.suptitle(
+        f"Every mapping on a {arms}-armed Bernoulli bandit, n = {n} samples per gradient estimate"
+    )
     return fig

@@ -28,9 +28,11 @@ from simkit.figures.bandit_bias_variance import make_bandit
 
 NAME = "bias_variance_frontier"
 TITLE = "Bias–variance frontier of the mapping knobs"
-CAPTION = ("each mapping's knob (PPO ε, TIS/MIS cap C, power α, VESPO λ, SAPO τ) swept at a "
-           "fixed χ²(π‖μ) on a bandit and placed at (bias², variance); naive and sequence IS "
-           "are the endpoints — the GAE-λ of importance sampling.")
+CAPTION = (
+    "each mapping's knob (PPO ε, TIS/MIS cap C, power α, VESPO λ, SAPO τ) swept at a "
+    "fixed χ²(π‖μ) on a bandit and placed at (bias², variance); naive and sequence IS "
+    "are the endpoints — the GAE-λ of importance sampling."
+)
 
 
 def _ppo(v):
@@ -95,14 +97,22 @@ def knob_estimators(small: bool) -> tuple[list[Estimator], list[dict]]:
     """The swept estimators (seq-mean-token-sum, oracle advantage) and their (mapping, knob)."""
     ests, meta = [], []
     for name, (symbol, hp, full, reduced) in KNOBS.items():
-        for value in (reduced if small else full):
-            ests.append(Estimator(mappings.get(name, **hp(float(value))),
-                                  aggregation="seq-mean-token-sum", advantage="oracle",
-                                  name=f"{name}[{value:.6g}]"))
+        for value in reduced if small else full:
+            ests.append(
+                Estimator(
+                    mappings.get(name, **hp(float(value))),
+                    aggregation="seq-mean-token-sum",
+                    advantage="oracle",
+                    name=f"{name}[{value:.6g}]",
+                )
+            )
             meta.append({"mapping": name, "knob": symbol, "value": float(value)})
     for name in ENDPOINTS:
-        ests.append(Estimator(mappings.get(name), aggregation="seq-mean-token-sum",
-                              advantage="oracle", name=name))
+        ests.append(
+            Estimator(
+                mappings.get(name), aggregation="seq-mean-token-sum", advantage="oracle", name=name
+            )
+        )
         meta.append({"mapping": name, "knob": "", "value": np.nan})
     return ests, meta
 
@@ -111,8 +121,16 @@ def compute(cfg: Config) -> pd.DataFrame:
     env = make_bandit(cfg.arms, cfg.seed)
     mu = shifts.dial(env.pi, cfg.chi2, divergence="chi2", family=cfg.shift_family)
     ests, meta = knob_estimators(cfg.small)
-    table = experiment.run(env, mu, ests, n=cfg.n, reps=2 if cfg.small else 10, seed=cfg.seed,
-                           exact=True, progress=False)
+    table = experiment.run(
+        env,
+        mu,
+        ests,
+        n=cfg.n,
+        reps=2 if cfg.small else 10,
+        seed=cfg.seed,
+        exact=True,
+        progress=False,
+    )
     data = pd.DataFrame(meta)
     data["bias"] = table.bias.to_numpy()
     data["bias2"] = data.bias**2
@@ -140,37 +158,78 @@ def draw(data: pd.DataFrame):
     for name in KNOBS:
         part = data[data.mapping == name].sort_values("value")
         x = np.maximum(part.bias2.to_numpy(), floor)
-        ax.plot(x, part.variance, marker=style.marker(name), markersize=3,
-                **style.line_kwargs(name, label=f"{name} ({part.knob.iloc[0]})"))
+        ax.plot(
+            x,
+            part.variance,
+            marker=style.marker(name),
+            markersize=3,
+            **style.line_kwargs(name, label=f"{name} ({part.knob.iloc[0]})"),
+        )
         # arrow on the middle segment: direction of a growing knob; start value labelled
         if len(part) >= 2:
             i = len(part) // 2
-            ax.annotate("", xy=(x[i], part.variance.iloc[i]),
-                        xytext=(x[i - 1], part.variance.iloc[i - 1]),
-                        arrowprops={"arrowstyle": "-|>", "color": style.color(name), "lw": 1.0,
-                                    "mutation_scale": 9})
-        ax.annotate(f"{part.knob.iloc[0]} = {part.value.iloc[0]:.3g}",
-                    (x[0], part.variance.iloc[0]), xytext=(4, -3), textcoords="offset points",
-                    fontsize=6.5, color=style.color(name), va="top",
-                    bbox={"boxstyle": "round,pad=0.1", "facecolor": "white", "alpha": 0.75,
-                          "edgecolor": "none"})
+            ax.annotate(
+                "",
+                xy=(x[i], part.variance.iloc[i]),
+                xytext=(x[i - 1], part.variance.iloc[i - 1]),
+                arrowprops={
+                    "arrowstyle": "-|>",
+                    "color": style.color(name),
+                    "lw": 1.0,
+                    "mutation_scale": 9,
+                },
+            )
+        ax.annotate(
+            f"{part.knob.iloc[0]} = {part.value.iloc[0]:.3g}",
+            (x[0], part.variance.iloc[0]),
+            xytext=(4, -3),
+            textcoords="offset points",
+            fontsize=6.5,
+            color=style.color(name),
+            va="top",
+            bbox={
+                "boxstyle": "round,pad=0.1",
+                "facecolor": "white",
+                "alpha": 0.75,
+                "edgecolor": "none",
+            },
+        )
     for name, text in (("naive", "naive (c = 1)"), ("is_seq", "sequence IS (c = W)")):
         row = data[data.mapping == name].iloc[0]
         x = max(row.bias2, floor)
-        ax.plot([x], [row.variance], marker=style.marker(name), markersize=9, linestyle="none",
-                color=style.color(name), markerfacecolor="white", markeredgewidth=1.8,
-                zorder=5, label=text)
+        ax.plot(
+            [x],
+            [row.variance],
+            marker=style.marker(name),
+            markersize=9,
+            linestyle="none",
+            color=style.color(name),
+            markerfacecolor="white",
+            markeredgewidth=1.8,
+            zorder=5,
+            label=text,
+        )
     ax.axvline(floor, color="0.5", linewidth=0.6, linestyle="--")
-    ax.annotate("bias² = 0", (floor, 0.02), xycoords=("data", "axes fraction"),
-                xytext=(3, 0), textcoords="offset points", fontsize=7, color="0.35",
-                rotation=90, va="bottom")
+    ax.annotate(
+        "bias² = 0",
+        (floor, 0.02),
+        xycoords=("data", "axes fraction"),
+        xytext=(3, 0),
+        textcoords="offset points",
+        fontsize=7,
+        color="0.35",
+        rotation=90,
+        va="bottom",
+    )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_ylim(v_min / 2, v_max * 2)
     ax.set_xlabel(r"squared bias $\|\mathbb{E}\hat g - \nabla J\|^2$")
     ax.set_ylabel(r"variance $\mathbb{E}\|\hat g - \mathbb{E}\hat g\|^2$")
     chi2 = float(data.chi2_tok.iloc[0])
-    ax.set_title(rf"Knob sweeps at $\chi^2(\pi\|\mu) = {chi2:.3g}$, n = {int(data.n.iloc[0])} "
-                 r"(arrows: knob increasing; dotted: iso-MSE)")
+    ax.set_title(
+        rf"Knob sweeps at $\chi^2(\pi\|\mu) = {chi2:.3g}$, n = {int(data.n.iloc[0])} "
+        r"(arrows: knob increasing; dotted: iso-MSE)"
+    )
     fig.legend(loc="outside right center", fontsize=7)
     return fig

@@ -26,9 +26,11 @@ from simkit.figures import _common, style
 
 NAME = "divergence_inequalities"
 TITLE = "TV² ≤ ½KL ≤ ½log(1+χ²) ≤ ½χ², and same KL with growing χ²"
-CAPTION = ("the Pinsker–Jensen chain on random categorical pairs (Dirichlet draws), each member "
-           "against χ²; and a two-parameter shift family holding KL fixed while χ² grows — a KL "
-           "trust region does not bound χ².")
+CAPTION = (
+    "the Pinsker–Jensen chain on random categorical pairs (Dirichlet draws), each member "
+    "against χ²; and a two-parameter shift family holding KL fixed while χ² grows — a KL "
+    "trust region does not bound χ²."
+)
 
 CHAIN = (
     ("tv_sq", r"$\mathrm{TV}^2$"),
@@ -78,19 +80,24 @@ class Data:
 
 def config(small: bool = False) -> Config:
     if small:
-        return Config(pairs_per_setting=20, same_kl=(0.2,), same_kl_points=4,
-                      same_kl_chi2_max=50.0)
+        return Config(pairs_per_setting=20, same_kl=(0.2,), same_kl_points=4, same_kl_chi2_max=50.0)
     return Config()
 
 
 def _chain_frame(pi, mu) -> pd.DataFrame:
     chain = theory.pinsker_chain(pi, mu)
-    return pd.DataFrame({
-        "chi2": divergence.chi2(pi, mu), "kl": divergence.kl(pi, mu), "tv": divergence.tv(pi, mu),
-        "tv_sq": chain.tv_sq, "half_kl": chain.half_kl,
-        "half_log1p_chi2": chain.half_log1p_chi2, "half_chi2": chain.half_chi2,
-        "holds": theory.pinsker_chain_holds(chain).all(axis=-1),
-    })
+    return pd.DataFrame(
+        {
+            "chi2": divergence.chi2(pi, mu),
+            "kl": divergence.kl(pi, mu),
+            "tv": divergence.tv(pi, mu),
+            "tv_sq": chain.tv_sq,
+            "half_kl": chain.half_kl,
+            "half_log1p_chi2": chain.half_log1p_chi2,
+            "half_chi2": chain.half_chi2,
+            "holds": theory.pinsker_chain_holds(chain).all(axis=-1),
+        }
+    )
 
 
 def random_pairs(cfg: Config) -> pd.DataFrame:
@@ -113,8 +120,9 @@ def random_pairs(cfg: Config) -> pd.DataFrame:
         mu /= mu.sum(axis=1, keepdims=True)
         frames.append(_chain_frame(pi, mu).assign(kind="perturbed", concentration=sigma))
     data = pd.concat(frames, ignore_index=True)
-    return data[["kind", "concentration", *[c for c in data.columns
-                                             if c not in ("kind", "concentration")]]]
+    return data[
+        ["kind", "concentration", *[c for c in data.columns if c not in ("kind", "concentration")]]
+    ]
 
 
 def same_kl_line(cfg: Config) -> pd.DataFrame:
@@ -144,8 +152,12 @@ def same_kl_line(cfg: Config) -> pd.DataFrame:
 
 
 def compute(cfg: Config) -> Data:
-    return Data(pairs=random_pairs(cfg), same_kl=same_kl_line(cfg), vocab=cfg.vocab,
-                chi2_plot_max=cfg.chi2_plot_max)
+    return Data(
+        pairs=random_pairs(cfg),
+        same_kl=same_kl_line(cfg),
+        vocab=cfg.vocab,
+        chi2_plot_max=cfg.chi2_plot_max,
+    )
 
 
 def draw(data: Data):
@@ -155,10 +167,17 @@ def draw(data: Data):
     pairs = data.pairs[shown]
     x = np.geomspace(pairs.chi2.min(), pairs.chi2.max(), 300)
     for key, label in CHAIN[:2]:
-        ax_a.scatter(pairs.chi2, _common.finite_positive(pairs[key]), s=3, alpha=0.35,
-                     color=style.SERIES_COLORS[key], label=label, linewidths=0, rasterized=False)
-    ax_a.plot(x, 0.5 * np.log1p(x), color=style.SERIES_COLORS["half_log1p_chi2"],
-              label=CHAIN[2][1])
+        ax_a.scatter(
+            pairs.chi2,
+            _common.finite_positive(pairs[key]),
+            s=3,
+            alpha=0.35,
+            color=style.SERIES_COLORS[key],
+            label=label,
+            linewidths=0,
+            rasterized=False,
+        )
+    ax_a.plot(x, 0.5 * np.log1p(x), color=style.SERIES_COLORS["half_log1p_chi2"], label=CHAIN[2][1])
     ax_a.plot(x, 0.5 * x, color=style.SERIES_COLORS["half_chi2"], label=CHAIN[3][1])
     ax_a.set_xscale("log")
     ax_a.set_yscale("log")
@@ -169,21 +188,40 @@ def draw(data: Data):
     ax_a.set_title(f"random pairs: chain holds on {ok}/{n_pairs}")
     hidden = n_pairs - int(shown.sum())
     if hidden:
-        ax_a.text(0.98, 0.02, f"{hidden} pairs with χ² > {data.chi2_plot_max:.0e} not drawn",
-                  transform=ax_a.transAxes, ha="right", va="bottom", fontsize=7, color="0.35")
+        ax_a.text(
+            0.98,
+            0.02,
+            f"{hidden} pairs with χ² > {data.chi2_plot_max:.0e} not drawn",
+            transform=ax_a.transAxes,
+            ha="right",
+            va="bottom",
+            fontsize=7,
+            color="0.35",
+        )
     ax_a.legend(loc="upper left", markerscale=3)
     _common.panel_label(ax_a, "a")
 
     for kl, part in data.same_kl.groupby("kl_target"):
         part = part.sort_values("chi2")
         for key, label in CHAIN:
-            ax_b.plot(part.chi2, _common.finite_positive(part[key]),
-                      color=style.SERIES_COLORS[key], marker="o", markersize=2,
-                      linestyle="-" if kl == max(data.same_kl.kl_target) else "--",
-                      label=label if kl == max(data.same_kl.kl_target) else None)
-        ax_b.annotate(f"KL = {kl:g}", (part.chi2.iloc[-1], 0.5 * kl), xytext=(-2, 4),
-                      textcoords="offset points", ha="right", fontsize=7,
-                      color=style.SERIES_COLORS["half_kl"])
+            ax_b.plot(
+                part.chi2,
+                _common.finite_positive(part[key]),
+                color=style.SERIES_COLORS[key],
+                marker="o",
+                markersize=2,
+                linestyle="-" if kl == max(data.same_kl.kl_target) else "--",
+                label=label if kl == max(data.same_kl.kl_target) else None,
+            )
+        ax_b.annotate(
+            f"KL = {kl:g}",
+            (part.chi2.iloc[-1], 0.5 * kl),
+            xytext=(-2, 4),
+            textcoords="offset points",
+            ha="right",
+            fontsize=7,
+            color=style.SERIES_COLORS["half_kl"],
+        )
     ax_b.set_xscale("log")
     ax_b.set_yscale("log")
     ax_b.set_xlabel(r"$\chi^2(\pi\,\|\,\mu)$ (KL held fixed)")
@@ -191,6 +229,8 @@ def draw(data: Data):
     ax_b.set_title(r"two-parameter shift: same KL, growing $\chi^2$")
     ax_b.legend(loc="upper left")
     _common.panel_label(ax_b, "b")
-    fig.suptitle(r"$\mathrm{TV}^2 \leq \frac{1}{2}\mathrm{KL} \leq \frac{1}{2}\log(1+\chi^2) "
-                 rf"\leq \frac{{1}}{{2}}\chi^2$ on categorical pairs, V = {data.vocab}")
+    fig.suptitle(
+        r"$\mathrm{TV}^2 \leq \frac{1}{2}\mathrm{KL} \leq \frac{1}{2}\log(1+\chi^2) "
+        rf"\leq \frac{{1}}{{2}}\chi^2$ on categorical pairs, V = {data.vocab}"
+    )
     return fig

@@ -22,12 +22,18 @@ from simkit.figures import _common, style
 
 NAME = "kernel_shapes"
 TITLE = "Reshaping kernels f(W) and φ(W) (VESPO Fig. 2)"
-CAPTION = ("surrogate f and coefficient φ = W·f′ for SAPO, peak-normalised VESPO and the PPO hard "
-           "clip (ε = 0.2), for positive and negative advantages, against plain IS (φ = W).")
+CAPTION = (
+    "surrogate f and coefficient φ = W·f′ for SAPO, peak-normalised VESPO and the PPO hard "
+    "clip (ε = 0.2), for positive and negative advantages, against plain IS (φ = W)."
+)
 
 #: curve label -> mapping registry name (for colours)
-CURVES = {"SAPO": "sapo", "VESPO (peak-normalised)": "vespo", "hard clip": "ppo_clip",
-          "IS (φ = W)": "is_seq"}
+CURVES = {
+    "SAPO": "sapo",
+    "VESPO (peak-normalised)": "vespo",
+    "hard clip": "ppo_clip",
+    "IS (φ = W)": "is_seq",
+}
 
 
 @dataclass(frozen=True)
@@ -49,8 +55,13 @@ class Config:
             raise ValueError(f"w_max must be > 1 to show the ratio 1, got {self.w_max}")
         if self.n_points < 3:
             raise ValueError(f"n_points must be >= 3, got {self.n_points}")
-        for field in ("clip_eps", "sapo_tau_pos", "sapo_tau_neg", "vespo_lambda_pos",
-                      "vespo_lambda_neg"):
+        for field in (
+            "clip_eps",
+            "sapo_tau_pos",
+            "sapo_tau_neg",
+            "vespo_lambda_pos",
+            "vespo_lambda_neg",
+        ):
             if not getattr(self, field) > 0:
                 raise ValueError(f"{field} must be > 0, got {getattr(self, field)}")
         for field in ("vespo_k_pos", "vespo_k_neg"):
@@ -72,18 +83,30 @@ def compute(cfg: Config) -> pd.DataFrame:
 
     def add(curve, sign, f_values, phi_values):
         for quantity, values in (("f", f_values), ("phi", phi_values)):
-            rows.append(pd.DataFrame({
-                "curve": curve, "mapping": CURVES[curve], "advantage": sign,
-                "quantity": quantity, "w": w, "value": np.asarray(values, dtype=np.float64),
-            }))
+            rows.append(
+                pd.DataFrame(
+                    {
+                        "curve": curve,
+                        "mapping": CURVES[curve],
+                        "advantage": sign,
+                        "quantity": quantity,
+                        "w": w,
+                        "value": np.asarray(values, dtype=np.float64),
+                    }
+                )
+            )
 
     for positive, sign in ((True, "A>0"), (False, "A<0")):
         k = cfg.vespo_k_pos if positive else cfg.vespo_k_neg
         lam = cfg.vespo_lambda_pos if positive else cfg.vespo_lambda_neg
         phi_max, _ = theory.vespo_phi_max(k, lam)
         add("SAPO", sign, sapo.f(w, positive), sapo.phi(w, positive))
-        add("VESPO (peak-normalised)", sign, theory.vespo_f(w, k, lam) / phi_max,
-            theory.vespo_phi(w, k, lam) / phi_max)
+        add(
+            "VESPO (peak-normalised)",
+            sign,
+            theory.vespo_f(w, k, lam) / phi_max,
+            theory.vespo_phi(w, k, lam) / phi_max,
+        )
         add("hard clip", sign, clip.f(w, positive), clip.phi(w, positive))
         add("IS (φ = W)", sign, w, w)
     return pd.concat(rows, ignore_index=True)
@@ -101,8 +124,11 @@ def draw(data: pd.DataFrame):
             for curve, name in CURVES.items():
                 line = part[part.curve == curve]
                 if name == "is_seq":
-                    kw = {"color": style.SERIES_COLORS["identity"], "linestyle": "--",
-                          "linewidth": 1.0}
+                    kw = {
+                        "color": style.SERIES_COLORS["identity"],
+                        "linestyle": "--",
+                        "linewidth": 1.0,
+                    }
                 else:
                     kw = {"color": style.color(name), "linestyle": "-", "linewidth": 1.8}
                 ax.plot(line.w, line.value, label=curve, **kw)

@@ -24,9 +24,11 @@ from simkit.figures import _common, style
 
 NAME = "kernel_shapes_catalogue"
 TITLE = "Coefficient φ of every scalar mapping"
-CAPTION = ("φ(ratio) for A > 0 (solid) and A < 0 (dashed) of each mapping of the catalogue whose "
-           "coefficient is a function of one ratio (r_t, W or s), default hyperparameters, "
-           "with φ = ratio dotted.")
+CAPTION = (
+    "φ(ratio) for A > 0 (solid) and A < 0 (dashed) of each mapping of the catalogue whose "
+    "coefficient is a function of one ratio (r_t, W or s), default hyperparameters, "
+    "with φ = ratio dotted."
+)
 
 #: the mapping contract's ``ratio_kind`` -> the symbol of that ratio
 RATIO_SYMBOLS = {"token": "r_t", "sequence": "W", "geometric": "s"}
@@ -55,8 +57,11 @@ def ratio_symbol(mapping) -> str:
 
 def scalar_mappings() -> list[str]:
     """Registry names of the mappings that expose φ of one ratio (ScalarMapping)."""
-    return [name for name in mappings.available()
-            if isinstance(mappings.get(name), mappings.ScalarMapping)]
+    return [
+        name
+        for name in mappings.available()
+        if isinstance(mappings.get(name), mappings.ScalarMapping)
+    ]
 
 
 def compute(cfg: Config) -> pd.DataFrame:
@@ -73,11 +78,20 @@ def compute(cfg: Config) -> pd.DataFrame:
             with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
                 phi = np.broadcast_to(np.asarray(mapping.phi(w, positive), float), w.shape)
                 f = np.broadcast_to(np.asarray(mapping.f(w, positive), float), w.shape)
-            frames.append(pd.DataFrame({
-                "mapping": name, "family": style.family(name), "level": mapping.level,
-                "ratio": ratio_symbol(mapping), "advantage": sign,
-                "w": w, "phi": phi, "f": f,
-            }))
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "mapping": name,
+                        "family": style.family(name),
+                        "level": mapping.level,
+                        "ratio": ratio_symbol(mapping),
+                        "advantage": sign,
+                        "w": w,
+                        "phi": phi,
+                        "f": f,
+                    }
+                )
+            )
     data = pd.concat(frames, ignore_index=True)
     data.attrs["not_scalar"] = [n for n in mappings.available() if n not in scalar_mappings()]
     return data
@@ -92,12 +106,24 @@ def draw(data: pd.DataFrame):
     w_max = float(data.w.max())
     for ax, name in zip(axes.flat, names, strict=False):
         part = data[data.mapping == name]
-        ax.plot([0, w_max], [0, w_max], color=style.SERIES_COLORS["identity"], linestyle=":",
-                linewidth=0.8)
+        ax.plot(
+            [0, w_max],
+            [0, w_max],
+            color=style.SERIES_COLORS["identity"],
+            linestyle=":",
+            linewidth=0.8,
+        )
         for sign, ls, alpha in (("A>0", "-", 1.0), ("A<0", "--", 0.85)):
             line = part[part.advantage == sign]
-            ax.plot(line.w, line.phi, color=style.color(name), linestyle=ls, alpha=alpha,
-                    linewidth=1.5, label=sign)
+            ax.plot(
+                line.w,
+                line.phi,
+                color=style.color(name),
+                linestyle=ls,
+                alpha=alpha,
+                linewidth=1.5,
+                label=sign,
+            )
         ratio = part.ratio.iloc[0]
         ax.set_title(f"{name}  (${ratio}$)", fontsize=8, pad=2)
         ax.set_xlim(0, w_max)
@@ -115,28 +141,49 @@ def draw(data: pd.DataFrame):
     handles = [
         _line(color="0.2", linestyle="-", label=r"$A > 0$"),
         _line(color="0.2", linestyle="--", label=r"$A < 0$"),
-        _line(color=style.SERIES_COLORS["identity"], linestyle=":",
-              label=r"$\varphi$ = ratio (IS)"),
+        _line(
+            color=style.SERIES_COLORS["identity"], linestyle=":", label=r"$\varphi$ = ratio (IS)"
+        ),
     ]
     skipped = data.attrs.get("not_scalar", [])
-    note = textwrap.fill("not a function of one ratio (not drawn): " + ", ".join(skipped),
-                         width=45) if skipped else ""
+    note = (
+        textwrap.fill("not a function of one ratio (not drawn): " + ", ".join(skipped), width=45)
+        if skipped
+        else ""
+    )
     spare = list(axes.flat[used:])
     for ax in spare:
         ax.axis("off")
     if spare:  # legend and note in the empty cells of the last row
         spare[0].legend(handles=handles, loc="upper left", frameon=False, fontsize=8)
         if note:
-            text = spare[0].text(0.0, 0.25, note, transform=spare[0].transAxes, ha="left",
-                                 va="top", fontsize=7, color="0.35")
+            text = spare[0].text(
+                0.0,
+                0.25,
+                note,
+                transform=spare[0].transAxes,
+                ha="left",
+                va="top",
+                fontsize=7,
+                color="0.35",
+            )
             text.set_in_layout(False)
     else:
         fig.legend(handles=handles, loc="outside lower center", ncol=3)
         if note:
-            fig.text(0.99, 0.005, note.replace("\n", " "), ha="right", va="bottom",
-                     fontsize=7, color="0.35")
-    fig.suptitle(r"Coefficient $\varphi$ of each scalar mapping vs its ratio "
-                 r"($r_t$ token, $W$ sequence, $s$ geometric mean)")
+            fig.text(
+                0.99,
+                0.005,
+                note.replace("\n", " "),
+                ha="right",
+                va="bottom",
+                fontsize=7,
+                color="0.35",
+            )
+    fig.suptitle(
+        r"Coefficient $\varphi$ of each scalar mapping vs its ratio "
+        r"($r_t$ token, $W$ sequence, $s$ geometric mean)"
+    )
     return fig
 
 

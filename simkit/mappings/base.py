@@ -100,8 +100,9 @@ class Mapping:
             for f in dataclasses.fields(self)
             if f.default is dataclasses.MISSING or getattr(self, f.name) != f.default
         }
-        hp = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
-                       for k, v in changed.items())
+        hp = ", ".join(
+            f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in changed.items()
+        )
         return f"{self.name}({hp})" if hp else self.name
 
 
@@ -178,15 +179,23 @@ def get(name: str, preset: str | None = None, **hyperparams) -> Mapping:
 
 # --- hyperparameter validation ----------------------------------------------------------------
 
+
 def require(condition: bool, message: str) -> None:
     """Raise ``ValueError(message)`` unless ``condition`` (hyperparameter validation)."""
     if not condition:
         raise ValueError(message)
 
 
-def check_real(owner, field: str, *, low: float = -math.inf, high: float = math.inf,
-               low_open: bool = False, high_open: bool = False,
-               allow_inf: bool = False) -> float:
+def check_real(
+    owner,
+    field: str,
+    *,
+    low: float = -math.inf,
+    high: float = math.inf,
+    low_open: bool = False,
+    high_open: bool = False,
+    allow_inf: bool = False,
+) -> float:
     """Validate the real hyperparameter ``owner.<field>`` and return it as a float.
 
     Raises ``ValueError`` naming ``<mapping>.<field>`` unless the value is a real number (not a
@@ -229,6 +238,7 @@ def check_max_log_ratio(owner, field: str = "max_log_ratio") -> float:
 
 # --- ratio helpers (phi / f) ------------------------------------------------------------------
 
+
 def as_ratio(w, name: str = "w") -> np.ndarray:
     """``w`` as a float64 array of ratios; ``ValueError`` if any is negative or NaN."""
     arr = np.asarray(w, dtype=np.float64)
@@ -251,6 +261,7 @@ def safe_log(x: float) -> float:
 
 
 # --- batch helpers ----------------------------------------------------------------------------
+
 
 def positive_rows(advantages: np.ndarray) -> np.ndarray:
     """``A >= 0`` per sequence (N,) bool: the only thing a mapping may read from A."""
@@ -279,8 +290,11 @@ def seq_mean_log_ratio(log_ratio: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return np.divide(total, n, out=np.zeros_like(total), where=n > 0)
 
 
-def map_blocks(log_ratio: np.ndarray, mask: np.ndarray,
-               kernel: Callable[[np.ndarray, np.ndarray, np.ndarray, slice], None]) -> np.ndarray:
+def map_blocks(
+    log_ratio: np.ndarray,
+    mask: np.ndarray,
+    kernel: Callable[[np.ndarray, np.ndarray, np.ndarray, slice], None],
+) -> np.ndarray:
     """Run a token-level ``kernel`` over row blocks; return c (N, T) with 0 on padding.
 
     ``kernel(lr, out, tmp, rows)`` must fill ``out`` (a view of c for rows ``rows``) from ``lr``

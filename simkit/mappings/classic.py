@@ -105,8 +105,7 @@ class SequenceIS(ScalarMapping):
         check_max_log_ratio(self)
 
     def _coefficients(self, log_ratio, mask, advantages):
-        return broadcast_seq(clamped_exp(seq_log_ratio(log_ratio, mask), self.max_log_ratio),
-                             mask)
+        return broadcast_seq(clamped_exp(seq_log_ratio(log_ratio, mask), self.max_log_ratio), mask)
 
     def phi(self, w, positive=True):
         return as_ratio(w).copy()
@@ -239,8 +238,7 @@ class SoftShrinkage(ScalarMapping):
         e = np.exp(-np.abs(log_w))  # in [0, 1]
         # log W >= 0: 1 / (λ + (1−λ)e^{−log W});  log W < 0: e^{log W} / (λ e^{log W} + 1 − λ)
         with np.errstate(divide="ignore"):  # the branch not taken may divide by 0
-            return np.where(log_w >= 0, 1.0 / (lam + (1.0 - lam) * e),
-                            e / (lam * e + 1.0 - lam))
+            return np.where(log_w >= 0, 1.0 / (lam + (1.0 - lam) * e), e / (lam * e + 1.0 - lam))
 
     def _coefficients(self, log_ratio, mask, advantages):
         log_w = np.minimum(seq_log_ratio(log_ratio, mask), self.max_log_ratio)

@@ -216,8 +216,9 @@ class GMPO(Mapping):
             stop = min(start + rows, N)
             t = tmp[: stop - start]
             np.clip(log_ratio[start:stop], lo[start:stop, None], hi[start:stop, None], out=t)
-            np.add.reduce(t, axis=1, where=mask[start:stop], initial=0.0,
-                          out=clipped_sum[start:stop])
+            np.add.reduce(
+                t, axis=1, where=mask[start:stop], initial=0.0, out=clipped_sum[start:stop]
+            )
         n = seq_lengths(mask)
         log_R = np.divide(clipped_sum, n, out=np.zeros(N), where=n > 0)
         R = np.exp(np.minimum(log_R, self.max_log_ratio))

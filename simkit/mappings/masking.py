@@ -83,8 +83,10 @@ class GeoMask(ScalarMapping):
 
     def _require_scalar(self):
         if self.base != "one":
-            raise ValueError("geo_mask: phi and f exist for base='one' only (with base='tis' "
-                             "the coefficient also depends on each token ratio)")
+            raise ValueError(
+                "geo_mask: phi and f exist for base='one' only (with base='tis' "
+                "the coefficient also depends on each token ratio)"
+            )
 
     def phi(self, w, positive=True):
         self._require_scalar()
@@ -252,7 +254,7 @@ def _smallest_removal(values: np.ndarray, total: float, tau: float) -> tuple[int
     n = values.size
     top = min(n, 1024)
     while True:
-        part = np.partition(values, n - top)[n - top:] if top < n else values.copy()
+        part = np.partition(values, n - top)[n - top :] if top < n else values.copy()
         part = np.sort(part)[::-1]
         removed_sum = np.cumsum(part)
         k = np.arange(1, top + 1)

@@ -55,7 +55,7 @@ def psis_smooth(log_w) -> tuple[np.ndarray, float]:
     tail = psis_tail_length(lw.size)
     if tail < MIN_TAIL_DRAWS:
         return _log_softmax(lw), math.inf
-    top = np.partition(lw, lw.size - tail)[lw.size - tail:]
+    top = np.partition(lw, lw.size - tail)[lw.size - tail :]
     if top.max() - top.min() < np.finfo(float).tiny or np.ptp(np.exp(top - top.max())) == 0:
         return _log_softmax(lw), -math.inf
     from arviz_stats.base import array_stats  # lazy: importing arviz-stats takes ~1 s

@@ -59,15 +59,15 @@ class SAPO(ScalarMapping):
 
         def kernel(lr, out, tmp, rows):
             np.minimum(lr, cap, out=out)
-            np.exp(out, out=out)                    # r
+            np.exp(out, out=out)  # r
             np.subtract(out, 1.0, out=tmp)
             np.abs(tmp, out=tmp)
             np.multiply(tmp, neg_tau[rows, None], out=tmp)
-            np.exp(tmp, out=tmp)                    # e = exp(−τ|r − 1|)
-            np.multiply(out, tmp, out=out)          # r·e
+            np.exp(tmp, out=tmp)  # e = exp(−τ|r − 1|)
+            np.multiply(out, tmp, out=out)  # r·e
             np.add(tmp, 1.0, out=tmp)
             np.multiply(tmp, tmp, out=tmp)
-            np.divide(out, tmp, out=out)            # r·e/(1+e)²
+            np.divide(out, tmp, out=out)  # r·e/(1+e)²
             np.multiply(out, 4.0, out=out)
 
         return map_blocks(log_ratio, mask, kernel)
@@ -127,10 +127,10 @@ class LUFFY(ScalarMapping):
 
         def kernel(lr, out, tmp, rows):
             np.minimum(lr, cap, out=out)
-            np.exp(out, out=out)                    # r
+            np.exp(out, out=out)  # r
             np.add(out, gamma, out=tmp)
             np.multiply(tmp, tmp, out=tmp)
-            np.divide(out, tmp, out=out)            # r/(r+γ)²
+            np.divide(out, tmp, out=out)  # r/(r+γ)²
             np.multiply(out, factor, out=out)
 
         return map_blocks(log_ratio, mask, kernel)
@@ -184,7 +184,7 @@ class ASPO(ScalarMapping):
         check_hi = bool(np.any(hi < np.inf))
 
         def kernel(lr, out, tmp, rows):
-            np.multiply(lr, sign[rows, None], out=out)      # −log r (A ≥ 0), log r (A < 0)
+            np.multiply(lr, sign[rows, None], out=out)  # −log r (A ≥ 0), log r (A < 0)
             np.minimum(out, log_cap, out=out)
             np.exp(out, out=out)
             flags = np.empty(lr.shape, dtype=bool)
@@ -212,5 +212,5 @@ class ASPO(ScalarMapping):
         c = self.c_dual
         with np.errstate(divide="ignore", invalid="ignore"):
             upper = 1.0 - 1.0 / np.minimum(w, 1.0 + self.eps_high)  # ∫_1^w u⁻² du, w ≥ 1/c
-            lower = 1.0 - c + c * np.log(w * c)                       # w < 1/c: c/u below 1/c
+            lower = 1.0 - c + c * np.log(w * c)  # w < 1/c: c/u below 1/c
         return 1.0 + np.where(w >= 1.0 / c, upper, lower)

@@ -109,8 +109,7 @@ class VESPO(ScalarMapping):
             stop = min(start + rows, N)
             t = tmp[: stop - start]
             np.clip(log_ratio[start:stop], -cap, cap, out=t)
-            np.add.reduce(t, axis=1, where=mask[start:stop], initial=0.0,
-                          out=log_w[start:stop])
+            np.add.reduce(t, axis=1, where=mask[start:stop], initial=0.0, out=log_w[start:stop])
         np.clip(log_w, -self.max_log_ratio_seq, self.max_log_ratio_seq, out=log_w)
         pos = positive_rows(advantages)
         k = np.where(pos, self.k_pos, self.k_neg)
