@@ -174,33 +174,77 @@ class ExactMoments:
 def exact_moments(env, behaviour, estimator, n: int) -> ExactMoments:
     """E ĝ, Var ĝ and ESS of an n-sample estimator by enumeration of the support (exact).
 
-    Needs ``estimator.per_sample``. With the atoms (y, sign A) of ``env.support(μ, b)`` (b = J
-    for the oracle advantage, 0 for raw), c the mapping's coefficient on each atom (one (M, 1)
-    call), κ = 1/Z:
+    Needs an exact path (:func:`has_exact_path`: a per-sample estimator, a deterministic Z and
+    an enumerable environment). With the atoms of ``env.support(μ, b)`` (b = J for the oracle
+    advantage, 0 for raw) — (y, sign A) on the bandit, whole sequences y on the token MDP —,
+    c_t the mapping's coefficients on each atom (one (M, T) call) and a_t = n/Z_i the
+    aggregation weight of one sample (the atom seen as a batch of one: 1/T for fixed-length
+    token-mean, 1/|y| for seq-mean-token-mean, 1 for seq-mean-token-sum, 1/L_max for
+    seq-mean-token-sum-norm), each sample contributes h = A·Σ_t c_t a_t ∇log π(y_t|s_t) and
+    ĝ = (1/n) Σ_i h_i with h_i i.i.d.:
 
-        E g  = Σ_atoms c · E[A·1{atom}] · ∇log π(y)
-        E‖g‖² = Σ_atoms c² · E[A²·1{atom}] · ‖∇log π(y)‖²
-        E ĝ = n·κ·E g,   Var ĝ = n·κ²·(E‖g‖² − ‖E g‖²)
+        E h   = Σ_atoms E[A·1{atom}] · Σ_t c_t a_t ∇log π(y_t|s_t)       (one ``accumulate``)
+        E‖h‖² = Σ_atoms E[A²·1{atom}] · ‖Σ_t c_t a_t ∇log π(y_t|s_t)‖²
+        E ĝ = E h,   Var ĝ = (E‖h‖² − ‖E h‖²)/n
 
-    exact because ĝ = κ Σ_i g_i with g_i i.i.d. and c a function of the atom only (module
-    docstring).
+    The per-atom squared norms come from ``env.score_norms_sq`` when the environment has it,
+    else from per-atom gradients in chunks (``env.accumulate`` on one atom per batch).
+    ESS = n·(E Σ_t|c_t|)² / (E Σ_t c_t² · E|y|) (the population form of the Monte Carlo ESS
+    over tokens; n·(E|c|)²/E c² when T = 1).
     """
     est = as_estimator(estimator)
-    if not est.per_sample:
-        raise ValueError(f"estimator {est.name!r} is not per-sample: {_why_not_exact(est)}")
+    why = _why_not_exact(est, env)
+    if why:
+        kind = "is not per-sample" if not est.per_sample else "has no exact path"
+        raise ValueError(f"estimator {est.name!r} {kind}: {why}")
     est.check_batch_size(n)
     mu = env.check_policy(behaviour, "behaviour")
     baseline = env.J() if est.advantage == "oracle" else 0.0
     atoms = env.support(mu, baseline)
-    c = est.mapping.coefficients(atoms.log_ratio, atoms.mask, atoms.advantage_sign)[:, 0]
-    kappa = float(est.aggregation_weights(np.ones((n, env.T), dtype=bool))[0, 0])
-    first = env.accumulate(atoms.actions, c * atoms.adv_first)  # E g, (D,)
-    scores = env.accumulate(atoms.actions[:, None], np.ones((atoms.actions.shape[0], 1)))
-    second = float(np.sum(c**2 * atoms.adv_second * np.sum(scores**2, axis=-1)))
+    mask = np.asarray(atoms.mask, dtype=bool)  # (M, T)
+    c = est.mapping.coefficients(atoms.log_ratio, mask, atoms.advantage_sign)
+    bad = int(np.count_nonzero(~np.isfinite(c[mask])))
+    if bad:
+        raise ValueError(
+            f"estimator {est.name!r}: mapping {est.mapping.name!r} returned non-finite "
+            f"coefficients (NaN/inf) on {bad} tokens of the support"
+        )
+    per_token = c * est.aggregation_weights(mask[:, None, :])[:, 0, :]  # c_t·a_t, (M, T)
+    first = env.accumulate(atoms.actions, per_token * atoms.adv_first[:, None])  # E h, (D,)
+    norms = _atom_score_norms_sq(env, atoms.actions, per_token)
+    second = float(np.sum(atoms.adv_second * norms))
     var_one = max(second - float(first @ first), 0.0)
-    abs_c = np.abs(c)
-    ess = effective_sample_size(n, float(atoms.prob @ abs_c), float(atoms.prob @ abs_c**2))
-    return ExactMoments(mean=n * kappa * first, variance=n * kappa**2 * var_one, ess=ess)
+    abs_c = np.abs(c) * mask
+    mean_length = float(atoms.prob @ mask.sum(axis=1))
+    ess = effective_sample_size(
+        n, float(atoms.prob @ abs_c.sum(axis=1)), float(atoms.prob @ (abs_c**2).sum(axis=1))
+    )
+    ess = ess / mean_length if mean_length > 0 else 0.0
+    return ExactMoments(mean=first, variance=var_one / n, ess=ess)
+
+
+#: per-atom gradient vectors formed at once by :func:`_atom_score_norms_sq` (values)
+_CHUNK_VALUES = 1 << 22
+
+
+def _atom_score_norms_sq(env, actions, token_weights) -> np.ndarray:
+    """‖Σ_t λ_t ∇log π(y_t|s_t)‖² per atom (M,), for ``actions`` (M, …) and λ (M, T)."""
+    if hasattr(env, "score_norms_sq"):
+        return env.score_norms_sq(actions, token_weights)
+    M = token_weights.shape[0]
+    out = np.empty(M)
+    rows = max(1, _CHUNK_VALUES // max(env.D, 1))
+    for start in range(0, M, rows):
+        stop = min(start + rows, M)
+        # every atom is its own batch of one sample: (m, 1, …) -> (m, D)
+        grads = env.accumulate(actions[start:stop, None], token_weights[start:stop, None])
+        out[start:stop] = np.sum(grads**2, axis=-1)
+    return out
+
+
+def has_exact_path(env, estimator) -> bool:
+    """True iff :func:`exact_moments` applies to ``estimator`` on ``env`` (see there)."""
+    return not _why_not_exact(as_estimator(estimator), env)
 
 
 @dataclass(frozen=True)
@@ -381,12 +425,24 @@ def exact_metrics(moments: ExactMoments, grad_J) -> dict[str, float]:
     return out
 
 
-def _why_not_exact(est: Estimator) -> str:
+def _why_not_exact(est: Estimator, env=None) -> str:
+    """Why ``est`` has no exact path on ``env`` ('' if it has one)."""
     reasons = []
     if est.mapping.batch_dependent:
         reasons.append(f"mapping {est.mapping.name!r} is batch dependent")
     if est.advantage not in ("oracle", "raw"):
         reasons.append(f"advantage {est.advantage!r} couples the samples of a group")
+    if env is not None:
+        if est.aggregation == "token-mean" and not getattr(env, "fixed_length", True):
+            reasons.append(
+                "aggregation 'token-mean' divides by the batch's total number of tokens, which "
+                "is random when lengths vary (eos)"
+            )
+        enumerable = getattr(env, "enumerable", None)
+        if enumerable is not None and not enumerable():
+            reasons.append(
+                f"the environment has {env.n_sequences} sequences, more than the enumeration budget"
+            )
     return " and ".join(reasons)
 
 
@@ -471,14 +527,15 @@ def run(
     for est in ests:
         est.check_batch_size(n)
     if exact is True:
-        bad = [e.name for e in ests if not e.per_sample]
+        why = {e.name: _why_not_exact(e, env) for e in ests}
+        bad = [f"{name!r} ({reason})" for name, reason in why.items() if reason]
         if bad:
             raise ValueError(
                 "exact=True but these estimators have no exact path: "
-                + "; ".join(f"{e.name!r} ({_why_not_exact(e)})" for e in ests if not e.per_sample)
+                + "; ".join(bad)
                 + ". Use exact='auto' to run them by Monte Carlo."
             )
-    use_exact = [e.per_sample and exact is not False for e in ests]
+    use_exact = [exact is not False and not _why_not_exact(e, env) for e in ests]
 
     draw_ss, boot_ss = np.random.SeedSequence(seed).spawn(2)
     batch = env.sample(mu, n, np.random.default_rng(draw_ss), reps=reps)

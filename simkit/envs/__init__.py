@@ -7,5 +7,13 @@ per-token weights λ.
 """
 
 from simkit.envs.bandit import Bandit, BanditBatch, BanditSupport
+from simkit.envs.token_mdp import TokenMDP, TokenSupport, exact_token_level_mean
 
-__all__ = ["Bandit", "BanditBatch", "BanditSupport"]
+__all__ = [
+    "Bandit",
+    "BanditBatch",
+    "BanditSupport",
+    "TokenMDP",
+    "TokenSupport",
+    "exact_token_level_mean",
+]

@@ -26,9 +26,14 @@ from simkit.figures import (
     bandit_bias_variance,
     bias_variance_frontier,
     divergence_inequalities,
+    ess_khat_vs_T,
+    gspo_length_conflation,
     kernel_shapes,
     kernel_shapes_catalogue,
+    length_trap,
+    seq_variance_vs_T,
     style,
+    vespo_bound,
 )
 
 #: figure name -> module, in gallery order
@@ -40,6 +45,11 @@ FIGURES: dict[str, ModuleType] = {
         divergence_inequalities,
         bandit_bias_variance,
         bias_variance_frontier,
+        seq_variance_vs_T,
+        length_trap,
+        gspo_length_conflation,
+        vespo_bound,
+        ess_khat_vs_T,
     )
 }
 

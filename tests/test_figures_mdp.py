@@ -1,0 +1,217 @@
+"""Second-wave theory figures (issue 3): each compute(small) and what its data must satisfy."""
+
+import math
+
+import numpy as np
+import pytest
+
+from simkit import figures, theory
+from simkit.figures import (
+    ess_khat_vs_T,
+    gspo_length_conflation,
+    length_trap,
+    seq_variance_vs_T,
+    vespo_bound,
+)
+
+Z = 4.5  # stochastic checks: |estimate − truth| ≤ Z·SE, SE from the same draws
+
+NEW_FIGURES = [
+    "length_trap",
+    "gspo_length_conflation",
+    "vespo_bound",
+    "ess_khat_vs_T",
+    "seq_variance_vs_T",
+]
+
+
+@pytest.mark.parametrize("name", NEW_FIGURES)
+def test_new_figures_are_registered_and_render(tmp_path, name):
+    assert name in figures.available()
+    module = figures.figure_module(name)
+    assert module.NAME == name and module.TITLE and module.CAPTION
+    png, pdf = figures.render(name, tmp_path, small=True)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
+    assert pdf.read_bytes()[:5] == b"%PDF-" and pdf.stat().st_size > 1000
+
+
+# --- length_trap -------------------------------------------------------------------------------
+
+
+def test_length_trap_data():
+    cfg = length_trap.config(small=True)
+    data = length_trap.compute(cfg)
+    curves, points = data["curves"], data["points"]
+    assert np.isfinite(curves.kept_exact).all() and np.isfinite(points.kept_mc).all()
+    for rho in cfg.rho_bars:
+        t_star = data["t_star"][rho]
+        assert t_star == pytest.approx(math.log(cfg.c) / math.log(rho), rel=1e-12)
+        mis = curves[(curves.rho_bar == rho) & (curves.mapping == "mis_seq")]
+        # median of log W = T log ρ̄ reaches log C exactly at T*: kept fraction crosses 1/2 there
+        assert (mis[mis["T"] < t_star].kept_exact > 0.5).all()
+        assert (mis[mis["T"] > t_star].kept_exact < 0.5).all()
+        # and it goes to 0 beyond T*: monotone, and at 4T*, P = Φ(−3 log C/(2σ√T*)) < 1e-3
+        assert (np.diff(mis.kept_exact.to_numpy()) <= 0).all()
+        assert mis["T"].max() >= 4 * t_star
+        assert (mis[mis["T"] >= 4 * t_star].kept_exact < 1e-3).all()
+        assert (
+            mis[mis["T"] <= t_star / 4].kept_exact > 0.999
+        ).all()  # symmetric: z = 3 log C/(2σ√T*)
+        # Geo-Mask is length invariant: keeps (essentially) everything at every T
+        geo = curves[(curves.rho_bar == rho) & (curves.mapping == "geo_mask")]
+        np.testing.assert_allclose(geo.kept_exact, 1.0, atol=1e-12)
+        geo_mc = points[(points.rho_bar == rho) & (points.mapping == "geo_mask")]
+        assert (geo_mc.kept_mc == 1.0).all()
+        # Monte Carlo (the registered mis_seq mapping) agrees with the closed form
+        mc = points[(points.rho_bar == rho) & (points.mapping == "mis_seq")]
+        exact = length_trap.kept_fraction_mis_seq(mc["T"].to_numpy(), rho, cfg.sigma, cfg.c)
+        se = np.sqrt(exact * (1 - exact) / cfg.n_seq)  # binomial SE at the truth
+        assert (np.abs(mc.kept_mc.to_numpy() - exact) <= Z * se + 1e-12).all()
+        assert mc.kept_mc.iloc[0] == 1.0 and mc.kept_mc.iloc[-1] == 0.0
+
+
+def test_length_trap_config_validation():
+    with pytest.raises(ValueError, match="rho_bars"):
+        length_trap.Config(rho_bars=(0.99,))
+    with pytest.raises(ValueError, match="c "):
+        length_trap.Config(c=1.0)
+
+
+# --- gspo_length_conflation --------------------------------------------------------------------
+
+
+def test_gspo_length_conflation_data():
+    cfg = gspo_length_conflation.config(small=True)
+    data = gspo_length_conflation.compute(cfg)
+    lines, cloud = data["lines"], data["cloud"]
+    assert np.isfinite(lines[["gspo", "is_seq", "w_exact"]].to_numpy()).all()
+    assert len(lines) == len(cfg.mean_log_ratios) * len(cfg.lengths)
+    for m, part in lines.groupby("mean_log_ratio"):
+        # VESPO Prop. E.1: equal mean log-ratio ⇒ equal GSPO weight s = e^m at every length
+        np.testing.assert_allclose(part.gspo, np.exp(m), rtol=1e-12)
+        # ... while the true weight is W = e^{T m} (registered is_seq mapping)
+        np.testing.assert_allclose(part.is_seq, np.exp(part["T"] * m), rtol=1e-9)
+        np.testing.assert_allclose(part.w_exact, np.exp(part["T"] * m), rtol=1e-15)
+        longest = part[part["T"] == part["T"].max()].is_seq.iloc[0]
+        assert abs(np.log(longest)) == pytest.approx(max(cfg.lengths) * abs(m), rel=1e-9)
+    # the cloud: GSPO weight is e^{mean log-ratio}, W = e^{T·mean}; W spans decades at one s
+    np.testing.assert_allclose(cloud.gspo, np.exp(cloud.mean_log_ratio), rtol=1e-12)
+    np.testing.assert_allclose(cloud.is_seq, np.exp(cloud["T"] * cloud.mean_log_ratio), rtol=1e-9)
+    near = cloud[(cloud.gspo > 1.005)]
+    assert near.is_seq.max() / near.is_seq.min() > 10
+
+
+def test_gspo_length_conflation_config_validation():
+    with pytest.raises(ValueError, match="clip band"):
+        gspo_length_conflation.Config(mean_log_ratios=(0.5,))
+
+
+# --- vespo_bound -------------------------------------------------------------------------------
+
+
+def test_vespo_count_vectors_enumerate_the_multinomial():
+    counts = vespo_bound.count_vectors(5, 3)
+    assert counts.shape == (math.comb(7, 2), 3)
+    assert (counts.sum(axis=1) == 5).all() and (counts >= 0).all()
+    assert len({tuple(c) for c in counts}) == len(counts)
+    p = np.array([0.2, 0.3, 0.5])
+    np.testing.assert_allclose(np.exp(vespo_bound.log_multinomial(counts, p)).sum(), 1, atol=1e-12)
+
+
+def test_vespo_bound_data():
+    cfg = vespo_bound.config(small=True)
+    data = vespo_bound.compute(cfg)
+    assert len(data) == cfg.n_chi2 * len(cfg.pairs)
+    assert np.isfinite(data.drop(columns=[]).to_numpy(dtype=float)).all()
+    # K from VESPO Prop. 3.1: K(2, 3) = e²/3, K(3, 2) = 1
+    np.testing.assert_allclose(data[data.c1 == 2].K, math.e**2 / 3, rtol=1e-12)
+    np.testing.assert_allclose(data[data.c1 == 3].K, 1.0, rtol=1e-12)
+    # VESPO Prop. 3.1 holds at every point, exactly and on the empirical measure
+    assert (data.second_moment <= data.bound * (1 + 1e-12)).all()
+    assert (data.mc_second_moment <= data.mc_bound * (1 + 1e-12)).all()
+    # the enumeration is exact: E_μ[W²] = (1 + χ²_tok)^T for i.i.d. tokens (reference sheet A)
+    np.testing.assert_allclose(data.w_second_moment, 1 + data.chi2_seq, rtol=1e-9)
+    expected = theory.seq_is_second_moment(data.chi2_tok.to_numpy(), cfg.T)
+    np.testing.assert_allclose(data.w_second_moment, expected, rtol=1e-9)
+    # Monte Carlo agrees with the enumeration within Z·SE
+    assert (np.abs(data.mc_second_moment - data.second_moment) <= Z * data.mc_se).all()
+    # and φ's second moment stays bounded while sequence IS's grows
+    assert data.second_moment.max() < 2 and data.w_second_moment.max() > 5
+
+
+# --- ess_khat_vs_T -----------------------------------------------------------------------------
+
+
+def test_ess_khat_vs_T_data():
+    cfg = ess_khat_vs_T.config(small=True)
+    data = ess_khat_vs_T.compute(cfg)
+    assert len(data) == len(cfg.chi2_toks) * len(cfg.lengths)
+    assert np.isfinite(data[["ess_frac", "ess_frac_se", "ess_frac_theory"]].to_numpy()).all()
+    assert ((data.ess_frac <= 1) & (data.ess_frac >= 1 / cfg.n)).all()
+    np.testing.assert_allclose(
+        data.ess_frac_theory, 1 / (1 + data.chi2_tok) ** data["T"], rtol=1e-12
+    )
+    for chi2, part in data.groupby("chi2_tok"):
+        part = part.sort_values("T")
+        assert (np.diff(part.ess_frac.to_numpy()) < 0).all(), chi2  # ESS collapses with T
+        # where χ²_seq ≤ 1 the Kish ratio estimates n/(1+χ²_seq): within Z·SE plus its O(1/n)
+        # ratio-estimator bias (allowance 3/n)
+        ok = part[part.chi2_seq <= 1]
+        assert len(ok) >= 2
+        gap = np.abs(ok.ess_frac - ok.ess_frac_theory)
+        assert (gap <= Z * ok.ess_frac_se + 3 / cfg.n).all(), chi2
+    # k̂ undefined where a batch has fewer distinct weights than the PSIS tail (T = 1 here)
+    assert data[data["T"] == 1].khat.isna().all()
+    defined = data.dropna(subset=["khat"])
+    assert len(defined) >= 3
+    big = defined[defined.chi2_tok == max(cfg.chi2_toks)]
+    small = defined[defined.chi2_tok == min(cfg.chi2_toks)]
+    assert big.khat.iloc[-1] > ess_khat_vs_T.KHAT_THRESHOLDS[1]  # unreliable at long T
+    assert small.khat.iloc[0] < ess_khat_vs_T.KHAT_THRESHOLDS[0]  # fine at short T
+
+
+def test_khat_or_nan():
+    rng = np.random.default_rng(0)
+    assert math.isnan(ess_khat_vs_T.khat_or_nan(np.log(rng.integers(1, 4, size=400))))
+    assert ess_khat_vs_T.psis_tail_size(1000) == math.ceil(3 * math.sqrt(1000))
+    # exact Pareto tail with shape k = 1/α = 0.8 (Vehtari et al. 2024): k̂ estimates k (SE
+    # of the fit ≈ (1+k)/√M with M the tail size ≈ 95 at n = 1000; z = 4.5 allowance)
+    log_w = np.log(rng.pareto(1 / 0.8, size=1000) + 1)
+    khat = ess_khat_vs_T.khat_or_nan(log_w)
+    assert abs(khat - 0.8) <= 4.5 * 1.8 / math.sqrt(95)
+
+
+# --- seq_variance_vs_T -------------------------------------------------------------------------
+
+
+def test_seq_variance_vs_T_data():
+    cfg = seq_variance_vs_T.config(small=True)
+    data = seq_variance_vs_T.compute(cfg)
+    curves, iid_mc, markov = data["curves"], data["iid_mc"], data["markov"]
+    for frame in (curves, iid_mc, markov):
+        assert np.isfinite(frame.to_numpy(dtype=float)).all()
+    # exact curve: Var W = (1+χ²)^T − 1 (reference sheet A, independent tokens)
+    np.testing.assert_allclose(curves.exact, (1 + curves.chi2_tok) ** curves["T"] - 1, rtol=1e-10)
+    # Monte Carlo within Z·SE of the exact value (χ²_seq ≤ ~1 here: light enough tails)
+    truth = (1 + iid_mc.chi2_tok) ** iid_mc["T"] - 1
+    assert (np.abs(iid_mc.value - truth) <= Z * iid_mc.se).all()
+    # Markov env: occupancy-averaged per-token χ² hits the target (behaviour's solve, 1e-6)
+    np.testing.assert_allclose(markov.chi2_tok_achieved, markov.chi2_tok, rtol=1e-6)
+    # T = 1: one state (start), so χ²_seq = χ²_tok exactly
+    one = markov[markov["T"] == 1]
+    np.testing.assert_allclose(one.dp, one.chi2_tok, rtol=1e-6)
+    # the DP's χ²_seq and the Monte Carlo from env.sample agree within Z·SE
+    assert (np.abs(markov.value - markov.dp) <= Z * markov.se).all()
+    # χ²_seq grows with T
+    for _, part in markov.groupby("chi2_tok"):
+        assert (np.diff(part.sort_values("T").dp.to_numpy()) > 0).all()
+
+
+def test_markov_dp_equals_the_product_formula_when_every_state_has_the_same_chi2():
+    # if every state's μ row has χ² = c then E[r_t² | past] = 1 + c and E W² = (1+c)^T exactly
+    from simkit.envs import TokenMDP
+    from simkit.envs.behaviour import behaviour
+
+    env = TokenMDP.markov(V=4, T=5, seed=1)
+    mu = behaviour(env, 0.03, "chi2", level="token", family="logit_noise", aggregate="each")
+    assert env.chi2_seq(mu) == pytest.approx(float(theory.seq_is_variance(0.03, 5)), rel=1e-7)
