@@ -276,8 +276,9 @@ class Estimator:
         """True iff ĝ is a sum of one independent term per sample (the exact path applies).
 
         That holds when the mapping is not batch dependent and the advantage depends on the
-        sample's own reward only (``oracle`` or ``raw``). It also needs a deterministic Z, which
-        is the case for fixed-length batches (every aggregation on the T = 1 bandit).
+        sample's own reward only (``oracle`` or ``raw``). The exact path also needs a
+        deterministic Z (``token-mean`` on variable lengths has a random Z) and an enumerable
+        environment: :func:`simkit.experiment.has_exact_path` makes that final decision.
         """
         return (not self.mapping.batch_dependent) and self.advantage in PER_SAMPLE_ADVANTAGES
 

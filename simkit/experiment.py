@@ -25,7 +25,11 @@ and the sign of A (mapping contract), so E g and E‖g‖² are *finite sums* ov
 (y, sign A) of the environment's support (``env.support``), weighted by the exact partial
 moments E[A·1{atom}] and E[A²·1{atom}] (closed forms for Bernoulli and Gaussian rewards). With
 κ = 1/Z (every aggregation has a deterministic Z on fixed-length batches; Z = n on the bandit),
-E ĝ = n·κ·E g and Var ĝ = n·κ²·(E‖g‖² − ‖E g‖²): no sampling error at all. ``ess`` is exact
+E ĝ = n·κ·E g and Var ĝ = n·κ²·(E‖g‖² − ‖E g‖²): no sampling error at all. On the token MDP
+(T > 1) an atom is a whole sequence (its reward is deterministic) and Z may be per sequence
+(seq-mean-token-mean: Z_i = n·|y_i|); only ``token-mean`` with varying lengths (EOS) has a
+random Z shared by the batch and goes to Monte Carlo, as does an environment with more
+sequences than its enumeration budget (:func:`has_exact_path`). ``ess`` is exact
 too; ``khat`` has no closed form and is always estimated from draws.
 
 **Monte Carlo** (everything else, or ``exact=False``): ``reps`` independent batches of n draws
@@ -276,7 +280,13 @@ def sample_gradients(env, batch, estimator) -> MonteCarloDraws:
             f"estimator {est.name!r}: mapping {est.mapping.name!r} returned non-finite "
             f"coefficients (NaN/inf) on {bad} of {int(mask.sum())} drawn tokens"
         )
-    return MonteCarloDraws(gradients=env.accumulate(batch.actions, lam), coefficients=c, mask=mask)
+    states = getattr(batch, "states", None)  # token MDP batches carry them: no recomputation
+    grads = (
+        env.accumulate(batch.actions, lam)
+        if states is None
+        else env.accumulate(batch.actions, lam, states=states)
+    )
+    return MonteCarloDraws(gradients=grads, coefficients=c, mask=mask)
 
 
 def _bootstrap_weights(reps: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:

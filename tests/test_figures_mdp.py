@@ -10,6 +10,8 @@ from simkit.figures import (
     ess_khat_vs_T,
     gspo_length_conflation,
     length_trap,
+    same_kl_different_chi2,
+    seq_tis_optimal_c,
     seq_variance_vs_T,
     vespo_bound,
 )
@@ -215,3 +217,67 @@ def test_markov_dp_equals_the_product_formula_when_every_state_has_the_same_chi2
     env = TokenMDP.markov(V=4, T=5, seed=1)
     mu = behaviour(env, 0.03, "chi2", level="token", family="logit_noise", aggregate="each")
     assert env.chi2_seq(mu) == pytest.approx(float(theory.seq_is_variance(0.03, 5)), rel=1e-7)
+
+
+# --- seq_tis_optimal_c -------------------------------------------------------------------------
+
+
+def test_seq_tis_optimal_c_data():
+    cfg = seq_tis_optimal_c.config(small=True)
+    data = seq_tis_optimal_c.compute(cfg)
+    assert np.isfinite(data.drop(columns=["at_c_star"]).to_numpy(dtype=float)).all()
+    for _, part in data.groupby("chi2_seq"):
+        chi2 = part.chi2_seq.iloc[0]
+        assert chi2 == pytest.approx(part.chi2_seq_target.iloc[0], rel=1e-6)
+        # C* = √(2(1+χ²)) (rl-collapse, Seq-TIS) and it minimises the bound over the grid
+        c_star = part.c_star.iloc[0]
+        assert c_star == pytest.approx(math.sqrt(2 * (1 + chi2)), rel=1e-12)
+        assert part[part.at_c_star].bound.iloc[0] <= part.bound.min() * (1 + 1e-12)
+        # the rl-collapse bound holds at every C: MSE ≤ 4K²(1+χ²)²/C² + K²C² (one sample)
+        assert (part.mse <= part.bound).all()
+        # E min(W, C)²‖f‖² grows with C; beyond max W the estimator is sequence IS: unbiased
+        assert (np.diff(part.second_moment.to_numpy()) >= -1e-12).all()
+        beyond = part[part.c >= part.w_max]
+        assert len(beyond) >= 1
+        assert (beyond.bias < 1e-10).all()
+        np.testing.assert_allclose(beyond.mse, part.is_mse.iloc[0], rtol=1e-9)
+        # what the figure shows, asserted on this setting: with a batch (variance / n) the
+        # measured optimum lies within a factor 2 of the bound's C*; with one sample the
+        # variance dominates and the optimum sits at the smallest C of the grid
+        grid = part[~part.at_c_star]
+        best_batch = grid.loc[grid.mse_batch.idxmin()].c
+        assert c_star / 2 <= best_batch <= 2 * c_star
+        assert grid.loc[grid.mse.idxmin()].c == grid.c.min()
+
+
+def test_seq_tis_per_sequence_gradients_average_to_grad_J():
+    # Σ_y π(y) A(y) ∇log π(y) = ∇J (policy-gradient theorem, baseline J): the enumeration the
+    # figure relies on, with μ = π (W = 1)
+    cfg = seq_tis_optimal_c.config(small=True)
+    env = seq_tis_optimal_c.make_env(cfg)
+    sup = env.support(env.pi, baseline=env.J())
+    f = seq_tis_optimal_c.per_sequence_gradients(env, sup)
+    np.testing.assert_allclose(sup.prob @ f, env.grad_J(), atol=1e-12)
+
+
+# --- same_kl_different_chi2 --------------------------------------------------------------------
+
+
+def test_same_kl_different_chi2_data():
+    cfg = same_kl_different_chi2.config(small=True)
+    data = same_kl_different_chi2.compute(cfg)
+    assert len(data) == len(cfg.mapping_names) * cfg.n_chi2
+    assert np.isfinite(data[["bias", "variance", "mse", "kl_tok", "chi2_tok"]]).all().all()
+    assert data.exact.all()
+    # the KL column is constant (dial_pair solves to 1e-8), χ² hits its targets
+    np.testing.assert_allclose(data.kl_tok, cfg.kl, rtol=1e-8)
+    np.testing.assert_allclose(data.chi2_tok, data.target_chi2, rtol=1e-8)
+    assert data.chi2_tok.max() / data.chi2_tok.min() > 100
+    # independent tokens: 1 + χ²_seq = (1 + χ²)^T, KL_seq = T·KL
+    np.testing.assert_allclose(data.chi2_seq, (1 + data.chi2_tok) ** cfg.T - 1, rtol=1e-8)
+    np.testing.assert_allclose(data.kl_seq, cfg.T * cfg.kl, rtol=1e-8)
+    # sequence IS: unbiased, and its variance grows with χ² although KL is fixed
+    is_seq = data[data.mapping == "is_seq"].sort_values("chi2_tok")
+    assert (is_seq.bias < 1e-10).all()
+    assert (np.diff(is_seq.variance.to_numpy()) > 0).all()
+    assert is_seq.variance.iloc[-1] / is_seq.variance.iloc[0] > 10

@@ -7,13 +7,22 @@ per-token weights λ.
 """
 
 from simkit.envs.bandit import Bandit, BanditBatch, BanditSupport
+from simkit.envs.behaviour import BehaviourSpec, behaviour, concentrated, toxic_tail
 from simkit.envs.token_mdp import TokenMDP, TokenSupport, exact_token_level_mean
+from simkit.envs.token_sampling import TokenBatch, accumulate_tokens, sample_tokens
 
 __all__ = [
     "Bandit",
     "BanditBatch",
     "BanditSupport",
+    "BehaviourSpec",
+    "TokenBatch",
     "TokenMDP",
     "TokenSupport",
+    "accumulate_tokens",
+    "behaviour",
+    "concentrated",
     "exact_token_level_mean",
+    "sample_tokens",
+    "toxic_tail",
 ]

@@ -24,7 +24,6 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.special import softmax
 
 from simkit import divergence
 from simkit._validation import as_prob
@@ -40,6 +39,27 @@ def _readonly(a: np.ndarray, dtype=np.float64) -> np.ndarray:
     a = np.array(a, dtype=dtype, copy=True)
     a.setflags(write=False)
     return a
+
+
+def _softmax_readonly(logits: np.ndarray) -> np.ndarray:
+    """softmax over the last axis, computed in place in one new array (no large temporaries)."""
+    out = logits - logits.max(axis=-1, keepdims=True)
+    np.exp(out, out=out)
+    out /= out.sum(axis=-1, keepdims=True)
+    out.setflags(write=False)
+    return out
+
+
+#: values per block of :func:`_by_position` (keeps the divergences' temporaries in cache)
+_BLOCK_VALUES = 1 << 16
+
+
+def _by_position(fn, pi: np.ndarray, mu: np.ndarray) -> np.ndarray:
+    """``fn(pi, mu)`` (a :mod:`simkit.divergence` function) on (T, P, V) arrays, (T, P), computed
+    over blocks of positions: the same numbers, without (T, P, V)-sized temporaries."""
+    T, P, V = pi.shape
+    rows = max(1, _BLOCK_VALUES // (P * V))
+    return np.concatenate([fn(pi[t : t + rows], mu[t : t + rows]) for t in range(0, T, rows)])
 
 
 def _safe_log(p: np.ndarray) -> np.ndarray:
@@ -140,6 +160,7 @@ class TokenMDP:
     eos: int | None = None
     initial_state: int = 0
     _pi: np.ndarray = field(init=False, repr=False)
+    _identity_classes: bool = field(init=False, repr=False)
 
     def __post_init__(self):
         logits = np.asarray(self.logits, dtype=np.float64)
@@ -185,7 +206,9 @@ class TokenMDP:
         object.__setattr__(self, "reward", _readonly(reward))
         object.__setattr__(self, "eos", eos)
         object.__setattr__(self, "initial_state", init)
-        object.__setattr__(self, "_pi", _readonly(softmax(logits, axis=-1)))
+        object.__setattr__(self, "_pi", _softmax_readonly(logits))
+        identity = P == self.S and np.array_equal(index, np.arange(P))
+        object.__setattr__(self, "_identity_classes", identity)
 
     # --- sizes ----------------------------------------------------------------------------------
 
@@ -253,24 +276,21 @@ class TokenMDP:
 
     def _step_probs(self, policy: np.ndarray, t: int) -> np.ndarray:
         """(S, V) next-token probabilities at position t in every automaton state."""
-        return policy[t][self.policy_index]
+        if self._identity_classes:
+            return policy[t]
+        return np.take(policy[t], self.policy_index, axis=0)
 
     def _class_sum(self, per_state: np.ndarray) -> np.ndarray:
         """Sum (S, V) rows into their policy classes: (P, V)."""
+        if self._identity_classes:
+            return per_state
         out = np.zeros((self.P, per_state.shape[-1]))
         np.add.at(out, self.policy_index, per_state)
         return out
 
-    def _continue_mask(self) -> np.ndarray:
-        """(V,) float: 1 for tokens after which the sequence goes on, 0 for EOS."""
-        keep = np.ones(self.V)
-        if self.eos is not None:
-            keep[self.eos] = 0.0
-        return keep
-
     # --- exact dynamic programming ------------------------------------------------------------
 
-    def _forward(self, kernel_of_t, normalise: bool = False):
+    def _forward(self, kernel_of_t, normalise: bool = False, has_inf: bool = False):
         """Transfer-matrix recursion of a non-negative per-token kernel k_t(s, v) of shape (S, V).
 
         a_0 = e_{s0}; a_{t+1}[s'] = Σ_{s, v ≠ eos: trans[s, v] = s'} a_t[s]·k_t(s, v); the mass
@@ -278,12 +298,12 @@ class TokenMDP:
         occupancy and the law of the final state. Returns ``(a (T, S), final (S,), log_scale)``
         with the true values ``final·exp(log_scale)``; with ``normalise`` each a_t is rescaled
         to sum 1 (its own scale is lost; only ``final`` is needed then) so that products of
-        T ~ 10⁴ factors neither overflow nor underflow. ``inf`` in ``final`` where the sum
-        diverges (a kernel entry is inf on a reachable state).
+        T ~ 10⁴ factors neither overflow nor underflow. ``has_inf``: the kernel may hold inf
+        (then 0·inf = 0 off the reachable states, and ``final`` is inf where the sum diverges).
+        ``kernel_of_t`` must return a new array (it is modified).
         """
         S, T = self.S, self.T
         trans = self.transition.ravel()
-        keep = self._continue_mask()
         a = np.zeros(S)
         a[self.initial_state] = 1.0
         running = np.empty((T, S))
@@ -292,15 +312,19 @@ class TokenMDP:
         for t in range(T):
             running[t] = a
             k = kernel_of_t(t)
-            with np.errstate(invalid="ignore"):
-                flow = np.where(a[:, None] > 0, a[:, None] * k, 0.0)  # 0·inf = 0 off-support
+            if has_inf:
+                with np.errstate(invalid="ignore"):
+                    flow = np.where(a[:, None] > 0, a[:, None] * k, 0.0)  # 0·inf = 0 off-support
+            else:
+                flow = k * a[:, None]
             if t == T - 1:
                 final += np.bincount(trans, weights=flow.ravel(), minlength=S)
                 break
             if self.eos is not None:
                 e = self.eos
                 final += np.bincount(self.transition[:, e], weights=flow[:, e], minlength=S)
-            a = np.bincount(trans, weights=(flow * keep).ravel(), minlength=S)
+                flow[:, e] = 0.0
+            a = np.bincount(trans, weights=flow.ravel(), minlength=S)
             if normalise:
                 total = a.sum()
                 if not np.isfinite(total):
@@ -336,13 +360,13 @@ class TokenMDP:
         d_0 = e_{initial_state}. ``policy`` (T, P, V) defaults to π; Σ_s d_t(s) = P(|y| > t).
         """
         p = self._policy(policy, "policy")
-        running, _, _ = self._forward(lambda t: self._step_probs(p, t))
+        running, _, _ = self._forward(lambda t: self._step_probs(p, t).copy())
         return running
 
     def final_state_distribution(self, policy=None) -> np.ndarray:
         """P(final automaton state = s) under ``policy`` (default π), shape (S,)."""
         p = self._policy(policy, "policy")
-        return self._forward(lambda t: self._step_probs(p, t))[1]
+        return self._forward(lambda t: self._step_probs(p, t).copy())[1]
 
     def length_distribution(self, policy=None) -> np.ndarray:
         """P(|y| = L) for L = 1..T under ``policy`` (default π), shape (T,) (index L − 1)."""
@@ -364,7 +388,10 @@ class TokenMDP:
         grad = np.empty(self.logits.shape)
         for t, value, Q in self._backward(self.reward, self.pi):
             probs = self._step_probs(self.pi, t)
-            grad[t] = self._class_sum(d[t][:, None] * probs * (Q - value[:, None]))
+            Q -= value[:, None]
+            Q *= probs
+            Q *= d[t][:, None]
+            grad[t] = self._class_sum(Q)
         return grad.ravel()
 
     def log_ratio(self, mu) -> np.ndarray:
@@ -377,9 +404,9 @@ class TokenMDP:
     def _per_class(self, mu) -> dict[str, np.ndarray]:
         """χ², KL, TV of π(·|t, p) from μ(·|t, p) per class: (T, P) each (simkit.divergence)."""
         return {
-            "chi2": divergence.chi2(self.pi, mu),
-            "kl": divergence.kl(self.pi, mu),
-            "tv": divergence.tv(self.pi, mu),
+            "chi2": _by_position(divergence.chi2, self.pi, mu),
+            "kl": _by_position(divergence.kl, self.pi, mu),
+            "tv": _by_position(divergence.tv, self.pi, mu),
         }
 
     def divergence_profile(self, mu) -> dict[str, np.ndarray]:
@@ -421,10 +448,14 @@ class TokenMDP:
 
     def _log1p_chi2_seq(self, mu) -> float:
         """log E_μ[W²] = log Σ_y π(y)²/μ(y) by the transfer-matrix DP with kernel π²/μ."""
-        pi = self.pi
-        with np.errstate(divide="ignore"):
-            k_all = np.where(mu > 0, pi**2 / np.where(mu > 0, mu, 1.0), np.inf)  # π > 0 always
-        _, final, log_scale = self._forward(lambda t: k_all[t][self.policy_index], normalise=True)
+        has_zero = not np.all(mu > 0)
+
+        def kernel(t):
+            p, q = self._step_probs(self.pi, t), self._step_probs(mu, t)
+            with np.errstate(divide="ignore"):
+                return p * p / q  # inf where μ = 0 (π > 0 everywhere)
+
+        _, final, log_scale = self._forward(kernel, normalise=True, has_inf=has_zero)
         total = final.sum()
         return math.inf if not np.isfinite(total) else math.log(total) + log_scale
 
@@ -446,7 +477,7 @@ class TokenMDP:
         positions, Cover & Thomas Thm 2.5.3; the state is a function of the prefix)."""
         mu = self.check_policy(mu)
         d = self.occupancy()
-        per_state = divergence.kl(self.pi, mu)[:, self.policy_index]
+        per_state = _by_position(divergence.kl, self.pi, mu)[:, self.policy_index]
         with np.errstate(invalid="ignore"):
             return float(np.where(d > 0, d * per_state, 0.0).sum())
 
@@ -498,7 +529,7 @@ class TokenMDP:
             ),
         )
         d = self.occupancy()
-        tv_state = divergence.tv(self.pi, mu)[:, self.policy_index]
+        tv_state = _by_position(divergence.tv, self.pi, mu)[:, self.policy_index]
         coupling = float((d * tv_state).sum())
         hi = min(
             1.0,

@@ -20,9 +20,10 @@ T positions; at position t every sequence is advanced together:
    emitted it is finished: its later positions are padding (action 0, log-ratio 0, mask False,
    state frozen at the final state).
 
-The reward is ``reward[s_L]``, of the final automaton state. Memory: the batch itself, O(N·T);
-per position O(N + P·V). Uniforms come from ``rng`` (one block of N per position, in order), so
-the same seed gives the same batch.
+The reward is ``reward[s_L]``, of the final automaton state. Memory: the batch itself, O(N·T),
+plus O(B·(N + P·V)) of buffers for blocks of B = 64 positions (tables of a block are built at
+once, and sampled positions are written to the (N, T) outputs a block at a time). Uniforms
+come from ``rng`` (N per position, in order), so the same seed gives the same batch.
 
 :func:`accumulate_tokens` forms Σ_{i,t} λ_{i,t} ∇θ log π(y_{i,t}|t, s_{i,t}) without per-sequence
 gradient vectors. For softmax logits θ_{t,p,:}, ∇ log π(v|t, p) = e_v − π[t, p, :] in the block

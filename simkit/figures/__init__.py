@@ -31,8 +31,12 @@ from simkit.figures import (
     kernel_shapes,
     kernel_shapes_catalogue,
     length_trap,
+    mse_vs_T,
+    same_kl_different_chi2,
+    seq_tis_optimal_c,
     seq_variance_vs_T,
     style,
+    token_bias_vs_T,
     vespo_bound,
 )
 
@@ -50,6 +54,10 @@ FIGURES: dict[str, ModuleType] = {
         gspo_length_conflation,
         vespo_bound,
         ess_khat_vs_T,
+        seq_tis_optimal_c,
+        same_kl_different_chi2,
+        token_bias_vs_T,
+        mse_vs_T,
     )
 }
 
