@@ -145,7 +145,7 @@ class ShiftFamily:
             )
         p2 = p.reshape(-1, p.shape[-1])
         s2 = s.reshape(-1)
-        self._check_rows(p2)
+        self.check_rows(p2)
         upper = np.array([self.max_strength(row) for row in p2])
         if np.any(s2 > upper):
             i = int(np.argmax(s2 - upper))
@@ -155,7 +155,7 @@ class ShiftFamily:
             )
         return self._apply(p2, s2).reshape(p.shape)
 
-    def _check_rows(self, p: np.ndarray) -> None:
+    def check_rows(self, p: np.ndarray) -> None:
         """Family-specific checks of π's rows (B, V); raise ValueError."""
 
     def _apply(self, p: np.ndarray, s: np.ndarray) -> np.ndarray:  # pragma: no cover
@@ -388,7 +388,7 @@ class Tail(ShiftFamily):
         if not isinstance(self.n_tokens, (int, np.integer)) or self.n_tokens < 1:
             raise ValueError(f"n_tokens must be a positive integer, got {self.n_tokens!r}")
 
-    def _check_rows(self, p):
+    def check_rows(self, p):
         _require_support_larger(p, int(self.n_tokens), "n_tokens")
 
     def _apply(self, p, s):
@@ -441,7 +441,7 @@ class Tilt(ShiftFamily):
         if not isinstance(self.n_tail, (int, np.integer)) or self.n_tail < 1:
             raise ValueError(f"n_tail must be a positive integer, got {self.n_tail!r}")
 
-    def _check_rows(self, p):
+    def check_rows(self, p):
         _require_support_larger(p, int(self.n_tail), "n_tail")
 
     def _apply(self, p, s):
@@ -459,7 +459,7 @@ def _tilt_mu(log_p, u_hat, v_hat, angle, strength):
 # --- root finding ---------------------------------------------------------------------------
 
 
-class _Unreachable(Exception):
+class Unreachable(Exception):
     """The target lies above everything the scan saw; ``best`` is the largest value seen."""
 
     def __init__(self, best: float, detail: str = ""):
@@ -475,17 +475,17 @@ def _brent(fun, lo: float, hi: float) -> float:
     return brentq(fun, lo, hi, xtol=1e-300, rtol=4 * np.finfo(float).eps, maxiter=500)
 
 
-def _solve_increasing_crossing(value_at, target: float, grid, grid_values) -> float:
+def solve_increasing_crossing(value_at, target: float, grid, grid_values) -> float:
     """Smallest strength (up to the grid's resolution) where ``value_at`` reaches ``target``.
 
     ``grid_values`` are ``value_at`` on ``grid`` (increasing, starting above 0, where the value
     is 0 < target). Takes the first grid point at or above the target, shrinks an infinite value
-    there by bisection, then refines the bracket with Brent's method. Raises ``_Unreachable``
+    there by bisection, then refines the bracket with Brent's method. Raises ``Unreachable``
     with the largest value seen below the target.
     """
     above = np.flatnonzero(grid_values >= target)
     if above.size == 0:
-        raise _Unreachable(float(np.max(grid_values)))
+        raise Unreachable(float(np.max(grid_values)))
     j = int(above[0])
     lo, hi = (0.0 if j == 0 else float(grid[j - 1])), float(grid[j])
     best = 0.0 if j == 0 else float(np.max(grid_values[:j]))
@@ -497,13 +497,15 @@ def _solve_increasing_crossing(value_at, target: float, grid, grid_values) -> fl
         else:
             hi = mid
         if hi - lo <= 1e-13 * hi:
-            raise _Unreachable(
+            raise Unreachable(
                 best, f"the divergence jumps to inf (μ underflows) at strength ≈ {hi:.6g}"
             )
     return _brent(lambda s: value_at(s) - target, lo, hi)
 
 
-def _scan_grid(family: ShiftFamily, pi_row: np.ndarray) -> np.ndarray:
+def scan_grid(family: ShiftFamily, pi_row: np.ndarray) -> np.ndarray:
+    """Increasing strengths (0, max] at which to scan ``family`` from ``pi_row`` for a bracket:
+    64 even steps on a bounded range, doubling from 1e-8 up to ``family.scan_cap`` otherwise."""
     upper = family.max_strength(pi_row)
     if np.isfinite(upper):
         return np.linspace(0.0, upper, 65)[1:]
@@ -511,7 +513,8 @@ def _scan_grid(family: ShiftFamily, pi_row: np.ndarray) -> np.ndarray:
     return np.append(grid[grid < family.scan_cap], family.scan_cap)
 
 
-def _resolve_family(family, family_kwargs) -> ShiftFamily:
+def resolve_family(family, family_kwargs) -> ShiftFamily:
+    """A :class:`ShiftFamily` from a registry name and hyperparameters, or an instance as is."""
     if isinstance(family, ShiftFamily):
         if family_kwargs:
             raise TypeError(
@@ -571,7 +574,7 @@ def dial(
     value), for χ²/KL with a family that cuts π's support (top_p, top_k), and for a target that
     a discontinuous family (``fractional=False``) jumps over.
     """
-    fam = _resolve_family(family, family_kwargs)
+    fam = resolve_family(family, family_kwargs)
     if divergence not in DIVERGENCES:
         raise ValueError(f"divergence must be one of {sorted(DIVERGENCES)}, got {divergence!r}")
     if fam.cuts_support and divergence in ("chi2", "kl"):
@@ -584,7 +587,7 @@ def dial(
     batch = p.shape[:-1]
     targets = _targets(target, batch, "target")
     rows = p.reshape(-1, p.shape[-1])
-    fam._check_rows(rows)
+    fam.check_rows(rows)
     div_fn = _KERNELS[divergence]
     sym = _SYMBOL[divergence]
     strengths = np.zeros(len(rows))
@@ -595,11 +598,11 @@ def dial(
         def value_at(s, row=row):
             return float(div_fn(row, fam._apply(row[None, :], np.array([s]))[0]))
 
-        grid = _scan_grid(fam, row)
+        grid = scan_grid(fam, row)
         grid_values = div_fn(row, fam._apply(np.broadcast_to(row, (len(grid), len(row))), grid))
         try:
-            s_star = _solve_increasing_crossing(value_at, t, grid, grid_values)
-        except _Unreachable as exc:
+            s_star = solve_increasing_crossing(value_at, t, grid, grid_values)
+        except Unreachable as exc:
             detail = f" ({exc.detail})" if exc.detail else ""
             raise ValueError(
                 f"target {sym} = {t:.6g} is not reachable with family {fam.label!r} from this "
@@ -750,7 +753,7 @@ def dial_pair(pi, kl: float, chi2: float, *, n_tail: int = 1, return_params: boo
     kls = _targets(kl, batch, "kl")
     chi2s = _targets(chi2, batch, "chi2")
     rows = p.reshape(-1, p.shape[-1])
-    tilt._check_rows(rows)
+    tilt.check_rows(rows)
     angles = np.zeros(len(rows))
     strengths = np.zeros(len(rows))
     mus = rows.copy()

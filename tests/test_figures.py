@@ -22,6 +22,15 @@ EXPECTED = [
     "divergence_inequalities",
     "bandit_bias_variance",
     "bias_variance_frontier",
+    "seq_variance_vs_T",
+    "length_trap",
+    "gspo_length_conflation",
+    "vespo_bound",
+    "ess_khat_vs_T",
+    "seq_tis_optimal_c",
+    "same_kl_different_chi2",
+    "token_bias_vs_T",
+    "mse_vs_T",
 ]
 
 

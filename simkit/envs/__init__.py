@@ -7,7 +7,7 @@ per-token weights λ.
 """
 
 from simkit.envs.bandit import Bandit, BanditBatch, BanditSupport
-from simkit.envs.behaviour import BehaviourSpec, behaviour, concentrated, toxic_tail
+from simkit.envs.behaviour import BehaviourSpec, concentrated, toxic_tail
 from simkit.envs.token_mdp import TokenMDP, TokenSupport, exact_token_level_mean
 from simkit.envs.token_sampling import TokenBatch, accumulate_tokens, sample_tokens
 
@@ -20,7 +20,6 @@ __all__ = [
     "TokenMDP",
     "TokenSupport",
     "accumulate_tokens",
-    "behaviour",
     "concentrated",
     "exact_token_level_mean",
     "sample_tokens",

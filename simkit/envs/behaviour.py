@@ -219,7 +219,7 @@ def shift_rows(env, strength, family="temperature", states=None, **family_kwargs
     env: a TokenMDP; states: None (every row), a boolean (T, P) mask or (t, p) pairs.
     Returns μ of shape (T, P, V).
     """
-    fam = shifts._resolve_family(family, family_kwargs)
+    fam = shifts.resolve_family(family, family_kwargs)
     pi = _policy_of(env)
     mask = _state_mask(states, pi.shape[:2])
     s = np.asarray(strength, dtype=np.float64)
@@ -257,9 +257,9 @@ def _solve_shared_strength(value_of, pi, mask, fam, target: float, name: str):
     """The smallest strength s (shared by the rows in ``mask``) with ``value_of(μ_s)`` =
     ``target``; returns (μ, s). Expanding scan, then Brent (via :mod:`simkit.shifts`)."""
     rows = pi[mask]
-    fam._check_rows(rows)
+    fam.check_rows(rows)
     upper = np.array([fam.max_strength(r) for r in rows])
-    grid = shifts._scan_grid(fam, rows[int(np.argmin(upper))])
+    grid = shifts.scan_grid(fam, rows[int(np.argmin(upper))])
 
     def mu_at(s):
         mu = pi.copy()
@@ -285,10 +285,10 @@ def _solve_shared_strength(value_of, pi, mask, fam, target: float, name: str):
             break
     where = " on the selected rows" if not mask.all() else ""
     try:
-        s_star = shifts._solve_increasing_crossing(
+        s_star = shifts.solve_increasing_crossing(
             value_at, target, grid[: len(values)], np.asarray(values)
         )
-    except shifts._Unreachable as exc:
+    except shifts.Unreachable as exc:
         detail = f" ({exc.detail})" if exc.detail else ""
         raise ValueError(
             f"target {name} = {target:.6g} is not reachable with family {fam.label!r}{where}: "
@@ -348,7 +348,7 @@ def behaviour(
     aggregate, χ²/KL with a support-cutting family, TV_seq where the env has no exact value,
     and shape mismatches; ``KeyError`` for an unknown family.
     """
-    fam = shifts._resolve_family(family, family_kwargs)
+    fam = shifts.resolve_family(family, family_kwargs)
     _check_divergence(divergence)
     aggregate = _check_level(level, aggregate)
     _check_support(fam, divergence)
