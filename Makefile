@@ -10,7 +10,7 @@ export MPLBACKEND := Agg
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,dist]'
 	touch $(STAMP)
 
 install: $(STAMP)
