@@ -288,39 +288,158 @@ def test_same_kl_different_chi2_data():
 # --- mse_vs_T and token_bias_vs_T --------------------------------------------------------------
 
 
-def test_mse_vs_T_data():
+@pytest.fixture(scope="module")
+def mse_vs_T_data():
     cfg = mse_vs_T.config(small=True)
-    data = mse_vs_T.compute(cfg)
-    assert len(data) == len(cfg.mapping_names) * len(cfg.lengths)
+    return cfg, mse_vs_T.compute(cfg)
+
+
+def test_mse_vs_T_data(mse_vs_T_data):
+    cfg, data = mse_vs_T_data
+    exact = data[data.exact]
+    mc = data[~data.exact]
+    assert len(exact) == len(cfg.mapping_names) * len(cfg.exact_lengths)
+    assert len(mc) == len(cfg.mapping_names) * len(cfg.mc_lengths)
+    assert set(exact.method) == {"enumeration"} and set(mc.method) == {"monte_carlo"}
     assert np.isfinite(data[["bias", "variance", "mse", "cosine"]]).all().all()
-    assert data.exact.all()
-    np.testing.assert_allclose(data.mse, data.bias**2 + data.variance, rtol=1e-9)
+    np.testing.assert_allclose(exact.mse, exact.bias**2 + exact.variance, rtol=1e-9)
     # every state dialed to the same χ²: the occupancy average is that χ², and
     # 1 + χ²_seq = (1 + χ²)^T (E[r_t² | past] = 1 + χ² at every step)
     np.testing.assert_allclose(data.chi2_tok, cfg.chi2_tok, rtol=1e-7)
     np.testing.assert_allclose(data.chi2_seq, (1 + cfg.chi2_tok) ** data["T"] - 1, rtol=1e-6)
-    is_seq = data[data.mapping == "is_seq"].sort_values("T")
+    is_seq = exact[exact.mapping == "is_seq"].sort_values("T")
     assert (is_seq.bias < 1e-10).all() and (is_seq.cosine > 1 - 1e-10).all()
     # T = 1: token IS is sequence IS (one ratio), same MSE
-    one = data[data["T"] == 1].set_index("mapping")
+    one = exact[exact["T"] == 1].set_index("mapping")
     assert one.loc["is_token", "mse"] == pytest.approx(one.loc["is_seq", "mse"], rel=1e-10)
+    # Monte Carlo rows carry ordered bounds around their estimate
+    for key in ("mse", "variance"):
+        assert (mc[f"{key}_lo"] <= mc[key]).all() and (mc[key] <= mc[f"{key}_hi"]).all()
 
 
-def test_token_bias_vs_T_data():
+def test_mse_vs_T_monte_carlo_agrees_with_enumeration(mse_vs_T_data):
+    """Where a T has both paths, the MC estimate is within Z·SE of the exact value; SE from
+    the same draws: the half-width of the 95% bootstrap interval / 1.96."""
+    cfg, data = mse_vs_T_data
+    both = sorted(set(cfg.exact_lengths) & set(cfg.mc_lengths))
+    assert both, "the small config must have a T computed both ways"
+    for T in both:
+        at = data[data["T"] == T]
+        exact = at[at.exact].set_index("mapping")
+        mc = at[~at.exact].set_index("mapping")
+        for key in ("mse", "variance"):
+            se = (mc[f"{key}_hi"] - mc[f"{key}_lo"]) / (2 * 1.96)
+            assert (se > 0).all()
+            err = (mc[key] - exact.loc[mc.index, key]).abs()
+            assert (err <= Z * se).all(), (T, key, (err / se).to_dict())
+
+
+def test_mse_vs_T_monte_carlo_can_fail():
+    """The comparison above detects a wrong truth: a 30% larger MSE is far outside Z·SE."""
+    cfg = mse_vs_T.Config(
+        exact_lengths=(6,),
+        mc_lengths=(6,),
+        mc_reps=400,
+        n_boot=100,
+        reps=5,
+        mapping_names=("is_token",),
+    )
+    data = mse_vs_T.compute(cfg)
+    exact, mc = data[data.exact].iloc[0], data[~data.exact].iloc[0]
+    se = (mc.mse_hi - mc.mse_lo) / (2 * 1.96)
+    assert abs(mc.mse - 1.3 * exact.mse) > Z * se
+
+
+def test_mse_vs_T_config_validation():
+    with pytest.raises(ValueError, match="exact_lengths"):
+        mse_vs_T.Config(exact_lengths=(20,))
+    with pytest.raises(ValueError, match="both empty"):
+        mse_vs_T.Config(exact_lengths=(), mc_lengths=())
+    with pytest.raises(ValueError, match="mc_reps"):
+        mse_vs_T.Config(mc_reps=1)
+    assert mse_vs_T.Config(exact_lengths=(1, 4), mc_lengths=(4, 32)).lengths == (1, 4, 32)
+
+
+def test_dialed_behaviour_equals_the_row_by_row_dial():
+    from simkit.envs import TokenMDP
+    from simkit.envs.behaviour import behaviour
+
+    env = TokenMDP.answer_correct(V=3, T=5, seed=1)
+    fast = mse_vs_T.dialed_behaviour(env, 0.1, "logit_noise")
+    slow = behaviour(env, 0.1, "chi2", level="token", family="logit_noise")
+    np.testing.assert_allclose(fast, slow, rtol=0, atol=1e-14)
+    # non-stationary logits: falls back to the row-by-row dial
+    moving = TokenMDP.answer_correct(V=3, T=4, seed=1, stationary=False)
+    np.testing.assert_array_equal(
+        mse_vs_T.dialed_behaviour(moving, 0.1, "logit_noise"),
+        behaviour(moving, 0.1, "chi2", level="token", family="logit_noise"),
+    )
+
+
+@pytest.fixture(scope="module")
+def token_bias_data():
     cfg = token_bias_vs_T.config(small=True)
-    data = token_bias_vs_T.compute(cfg)
+    return cfg, token_bias_vs_T.compute(cfg)
+
+
+def test_token_bias_vs_T_data(token_bias_data):
+    cfg, data = token_bias_data
     assert set(data.mapping) == set(token_bias_vs_T.MAPPINGS)
-    assert np.isfinite(data[["bias", "bound_shape", "delta_max"]]).all().all()
-    token = data[data.mapping == "is_token"].set_index("T").sort_index()
-    # one token: token IS = sequence IS, unbiased; longer: biased through the states
-    assert token.bias.loc[1] < 1e-12
-    assert (token.bias.loc[2:] > 1e-4).all()
-    assert (data[data.mapping == "is_seq"].bias < 1e-10).all()
-    # the shape is K·T²·Δ_max (theory.token_is_bias_bound_shape) matched at the anchor T
-    anchor = data.attrs["anchor_T"]
-    assert anchor == 2
-    assert token.bound_shape.loc[anchor] == pytest.approx(token.bias.loc[anchor], rel=1e-12)
-    ratio = token.bound_shape / (token.index.to_numpy() ** 2 * token.delta_max)
-    np.testing.assert_allclose(ratio, ratio.iloc[0], rtol=1e-12)
-    # observed on this setting: beyond the anchor the measured bias stays below the T² shape
-    assert (token.bias.loc[anchor:] <= token.bound_shape.loc[anchor:] * (1 + 1e-12)).all()
+    assert set(data.env) == set(cfg.envs)
+    assert len(data) == len(cfg.envs) * len(cfg.lengths) * len(token_bias_vs_T.MAPPINGS)
+    assert np.isfinite(data[["bias", "bound_shape", "delta_max", "grad_norm"]]).all().all()
+    np.testing.assert_allclose(data.chi2_tok, cfg.chi2_tok, rtol=1e-7)
+    np.testing.assert_allclose(data.relative_bias, data.bias / data.grad_norm, rtol=1e-12)
+    for kind in cfg.envs:
+        part = data[data.env == kind]
+        token = part[part.mapping == "is_token"].set_index("T").sort_index()
+        # one token: token IS is sequence IS, unbiased; longer: biased through the states
+        assert token.bias.loc[1] < 1e-12
+        assert (token.bias.loc[2:] > 1e-4).all()
+        # the shape is K·T²·Δ_max (theory.token_is_bias_bound_shape) matched at the anchor T
+        anchor = data.attrs["anchor_T"][kind]
+        assert anchor == 2
+        assert token.bound_shape.loc[anchor] == pytest.approx(token.bias.loc[anchor], rel=1e-12)
+        ratio = token.bound_shape / (token.index.to_numpy() ** 2 * token.delta_max)
+        np.testing.assert_allclose(ratio, ratio.iloc[0], rtol=1e-12)
+        # observed on these settings: beyond the anchor the bias stays below the T² shape
+        assert (token.bias.loc[anchor:] <= token.bound_shape.loc[anchor:] * (1 + 1e-12)).all()
+    # sequence IS: 0 by enumeration where V^T is within the budget, by theory beyond
+    is_seq = data[data.mapping == "is_seq"]
+    enumerable = cfg.V ** is_seq["T"] <= 2**cfg.enum_max_log2
+    assert (is_seq.method == np.where(enumerable, "enumeration", "theory")).all()
+    assert (is_seq.bias < 1e-10).all()
+    assert (data[data.mapping.isin(token_bias_vs_T.TOKEN_MAPPINGS)].method == "dp").all()
+
+
+def test_token_bias_vs_T_dp_equals_enumeration(token_bias_data):
+    """The DP bias (exact_token_level_mean) equals experiment.run's enumeration to 1e-10."""
+    cfg, data = token_bias_data
+    token = data[data.mapping.isin(token_bias_vs_T.TOKEN_MAPPINGS)]
+    both = token[token.bias_enum.notna()]
+    assert len(both) >= 2 * len(token_bias_vs_T.TOKEN_MAPPINGS) * len(cfg.envs)
+    np.testing.assert_allclose(both.bias, both.bias_enum, rtol=0, atol=1e-10)
+    assert token[cfg.V ** token["T"] > 2**cfg.enum_max_log2].bias_enum.isna().all()
+
+
+def test_token_bias_vs_T_majority_bias_grows_relative_to_grad_J():
+    """The point of panel (b)/(c): on the majority vote token IS's bias grows relative to ∇J
+    with T (a whole-sequence reward), while on answer_correct it has saturated by T = 16."""
+    cfg = token_bias_vs_T.Config(lengths=(16, 64, 128))
+    data = token_bias_vs_T.compute(cfg).set_index(["env", "mapping", "T"]).sort_index()
+    majority = data.loc[("at_least_k", "is_token")].relative_bias
+    assert majority.is_monotonic_increasing and majority.loc[128] > 2 * majority.loc[16]
+    last = data.loc[("answer_correct", "is_token")].bias
+    np.testing.assert_allclose(last, last.loc[16], rtol=1e-6)
+
+
+def test_token_bias_vs_T_config_validation():
+    with pytest.raises(ValueError, match="envs"):
+        token_bias_vs_T.Config(envs=("parity",))
+    with pytest.raises(ValueError, match="k_fraction"):
+        token_bias_vs_T.Config(k_fraction=0.0)
+    with pytest.raises(ValueError, match="lengths"):
+        token_bias_vs_T.Config(lengths=(0, 4))
+    with pytest.raises(ValueError, match="env kind"):
+        token_bias_vs_T.build_env(token_bias_vs_T.Config(), "parity", 4)
+    assert token_bias_vs_T.build_env(token_bias_vs_T.Config(), "at_least_k", 7).S == 5

@@ -6,14 +6,21 @@ sequence-level IS is unbiased but its variance grows like (1+χ²)^T. Where the 
 is the practical answer to "token or sequence?".
 
 Setting: ``TokenMDP.answer_correct`` (R = 1 iff the last token is the answer; the policy depends
-on whether the last token was correct), μ dialed by :func:`simkit.envs.behaviour.behaviour` so
-that every state's next-token distribution has χ²(π‖μ) = ``chi2_tok`` (logit noise), for each
-T of a grid. Every per-sample mapping (defaults, oracle advantage, ``seq-mean-token-sum``) runs
-through :func:`simkit.experiment.run`'s exact path (all V^T sequences enumerated); the
-batch-dependent mappings (snis, psis, m2po) have no exact path and are left out.
+on whether the last token was correct; stationary random logits), μ dialed so that every
+state's next-token distribution has χ²(π‖μ) = ``chi2_tok`` (``shift_family``, default logit
+noise; :func:`dialed_behaviour`), for each T of two grids. Every per-sample mapping (defaults,
+oracle advantage, ``seq-mean-token-sum``) runs through :func:`simkit.experiment.run`:
 
-Data: the tidy DataFrame of :func:`simkit.experiment.run`, one row per (mapping, T), plus
-``family`` and ``delta_max`` (the largest per-state TV(π, μ), for the rl-collapse bias shape).
+- ``exact_lengths``: the exact path (all V^T sequences enumerated; V^T ≤ 2^16);
+- ``mc_lengths``: Monte Carlo (``mc_reps`` independent batches of n sequences, common random
+  numbers across mappings, 95% bootstrap bounds ``*_lo``/``*_hi``), for lengths beyond the
+  enumeration. The grids may overlap (the tests compare both paths there).
+
+The batch-dependent mappings (snis, psis, m2po) have no exact path and are left out.
+
+Data: the tidy DataFrame of :func:`simkit.experiment.run`, one row per (mapping, T, path),
+plus ``method`` (``"enumeration"`` or ``"monte_carlo"``), ``family`` and ``delta_max`` (the
+largest per-state TV(π, μ), for the rl-collapse bias shape) and ``grad_norm`` (‖∇J‖).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from simkit import experiment, mappings
+from simkit import experiment, mappings, shifts
 from simkit.envs import TokenMDP
 from simkit.envs.behaviour import behaviour
 from simkit.estimators import Estimator
@@ -33,22 +40,37 @@ NAME = "mse_vs_T"
 TITLE = "MSE and cosine of every mapping vs T"
 CAPTION = (
     "every per-sample mapping on a token MDP (answer_correct, V = 2) at a fixed per-token "
-    "χ²(π‖μ) in every state, against the sequence length T: MSE (a) and cosine to ∇J (b), "
-    "exact by enumeration of all sequences; where sequence IS's MSE crosses the token-level "
-    "ones is the practical answer to 'token or sequence?'."
+    "χ²(π‖μ) in every state, against the sequence length T: MSE (a) and cosine to ∇J (b). "
+    "Filled markers: exact, by enumeration of all V^T sequences (T ≤ 12); open markers with "
+    "95% bootstrap bands: Monte Carlo (independent batches, common random numbers) beyond. "
+    "Sequence IS (thick) starts among the token-level mappings and crosses above all of them "
+    "as its variance grows like (1+χ²)^T; where the curves cross is the practical answer to "
+    "'token or sequence?'. Sequence IS is exactly unbiased: its Monte Carlo cosine below 1 "
+    "at large T is sampling noise (its band reaches 1)."
 )
+
+#: mappings drawn with a thick line (the comparison the figure is about)
+HIGHLIGHT = ("is_seq", "is_token")
 
 
 @dataclass(frozen=True)
 class Config:
-    """Environment, mismatch, lengths and estimator settings."""
+    """Environment, mismatch, lengths and estimator settings.
+
+    ``exact_lengths``: T values computed exactly (enumeration); ``mc_lengths``: T values
+    computed by Monte Carlo with ``mc_reps`` batches and ``n_boot`` bootstrap resamples.
+    ``reps`` is the number of batches drawn on the exact path (only ``khat`` uses them).
+    """
 
     V: int = 2
-    lengths: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 10, 12, 14)
+    exact_lengths: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 10, 12)
+    mc_lengths: tuple[int, ...] = (16, 24, 32, 48, 64, 96, 128)
     chi2_tok: float = 0.05
     scale: float = 1.0
     n: int = 16
     reps: int = 20
+    mc_reps: int = 800
+    n_boot: int = 400
     shift_family: str = "logit_noise"
     seed: int = 0
     mapping_names: tuple[str, ...] | None = None  # None: every per-sample mapping
@@ -56,21 +78,39 @@ class Config:
     def __post_init__(self):
         if self.V < 2:
             raise ValueError(f"V must be >= 2, got {self.V}")
-        if not self.lengths or min(self.lengths) < 1:
-            raise ValueError(f"lengths must be positive integers, got {self.lengths}")
-        if self.V ** max(self.lengths) > 2**16:
-            raise ValueError(f"V^T = {self.V ** max(self.lengths)} sequences: too many (2^16 max)")
+        if not self.exact_lengths and not self.mc_lengths:
+            raise ValueError("exact_lengths and mc_lengths are both empty: no T to compute")
+        for name in ("exact_lengths", "mc_lengths"):
+            lengths = getattr(self, name)
+            if lengths and min(lengths) < 1:
+                raise ValueError(f"{name} must be positive integers, got {lengths}")
+        if self.exact_lengths and self.V ** max(self.exact_lengths) > 2**16:
+            raise ValueError(
+                f"exact_lengths: V^T = {self.V ** max(self.exact_lengths)} sequences at "
+                f"T = {max(self.exact_lengths)}: too many to enumerate (2^16 max); put the "
+                "longer lengths in mc_lengths"
+            )
         if not self.chi2_tok > 0:
             raise ValueError(f"chi2_tok must be > 0, got {self.chi2_tok}")
-        if self.n < 1 or self.reps < 2:
-            raise ValueError("need n >= 1 and reps >= 2")
+        if self.n < 1 or self.reps < 2 or self.mc_reps < 2:
+            raise ValueError("need n >= 1, reps >= 2 and mc_reps >= 2")
+        if self.n_boot < 10:
+            raise ValueError(f"n_boot must be >= 10, got {self.n_boot}")
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        """Every T of the figure (both grids), sorted, without repeats."""
+        return tuple(sorted(set(self.exact_lengths) | set(self.mc_lengths)))
 
 
 def config(small: bool = False) -> Config:
     if small:
         return Config(
-            lengths=(1, 2, 4, 6),
+            exact_lengths=(1, 2, 4, 6),
+            mc_lengths=(6, 16),
             reps=5,
+            mc_reps=400,
+            n_boot=100,
             mapping_names=("naive", "is_token", "is_seq", "ppo_clip", "tis_seq", "vespo"),
         )
     return Config()
@@ -81,19 +121,43 @@ def per_sample_mappings() -> list[str]:
     return [n for n in mappings.available() if not mappings.mapping_class(n).batch_dependent]
 
 
-def sweep_lengths(cfg: Config, names) -> pd.DataFrame:
-    """Exact ``experiment.run`` of the mappings ``names`` at every T of ``cfg.lengths``."""
+def dialed_behaviour(env: TokenMDP, chi2_tok: float, family: str) -> np.ndarray:
+    """μ (T, P, V) with χ²(π_{t,p}‖μ_{t,p}) = ``chi2_tok`` in every row (t, p).
+
+    The same μ as ``behaviour(env, chi2_tok, "chi2", level="token", family=family)``: when
+    π is the same at every position (stationary logits) only the P rows of position 0 are
+    dialed (:func:`simkit.shifts.dial`) and broadcast over T — the dial is row by row and
+    deterministic, so the result is identical, in O(P) instead of O(T·P) root solves.
+    """
+    pi = env.pi
+    if not np.array_equal(pi, np.broadcast_to(pi[:1], pi.shape)):
+        return behaviour(env, chi2_tok, "chi2", level="token", family=family)
+    first = shifts.dial(pi[0], chi2_tok, "chi2", family=family)
+    return np.array(np.broadcast_to(first, pi.shape))
+
+
+def sweep_lengths(cfg: Config, names, lengths, exact: bool) -> pd.DataFrame:
+    """``experiment.run`` of the mappings ``names`` at every T of ``lengths`` (exact or MC)."""
     ests = [
         Estimator(mappings.get(n), aggregation="seq-mean-token-sum", advantage="oracle", name=n)
         for n in names
     ]
     frames = []
-    for T in cfg.lengths:
+    for T in lengths:
         env = TokenMDP.answer_correct(V=cfg.V, T=int(T), seed=cfg.seed, scale=cfg.scale)
-        mu = behaviour(env, cfg.chi2_tok, "chi2", level="token", family=cfg.shift_family)
+        mu = dialed_behaviour(env, cfg.chi2_tok, cfg.shift_family)
         frame = experiment.run(
-            env, mu, ests, n=cfg.n, reps=cfg.reps, seed=cfg.seed, exact=True, progress=False
+            env,
+            mu,
+            ests,
+            n=cfg.n,
+            reps=cfg.reps if exact else cfg.mc_reps,
+            seed=cfg.seed,
+            exact=exact,
+            n_boot=cfg.n_boot,
+            progress=False,
         )
+        frame["method"] = "enumeration" if exact else "monte_carlo"
         frame["delta_max"] = float(np.nanmax(env.divergence_profile(mu)["tv_max"]))
         frame["grad_norm"] = float(np.linalg.norm(env.grad_J()))
         frames.append(frame)
@@ -104,13 +168,25 @@ def sweep_lengths(cfg: Config, names) -> pd.DataFrame:
 
 def compute(cfg: Config) -> pd.DataFrame:
     names = list(cfg.mapping_names) if cfg.mapping_names is not None else per_sample_mappings()
-    return sweep_lengths(cfg, names)
+    parts = [
+        sweep_lengths(cfg, names, lengths, exact)
+        for lengths, exact in ((cfg.exact_lengths, True), (cfg.mc_lengths, False))
+        if lengths
+    ]
+    return pd.concat(parts, ignore_index=True)
+
+
+def _curve(data: pd.DataFrame, name: str) -> pd.DataFrame:
+    """One mapping's points, exact ones first where a T has both paths (one point per T)."""
+    part = data[data.mapping == name].sort_values(["T", "exact"], ascending=[True, False])
+    return part.drop_duplicates("T")
 
 
 def draw(data: pd.DataFrame):
-    fig = _common.new_figure(7.2, 4.4)
+    fig = _common.new_figure(7.6, 4.6)
     axes = fig.subplots(1, 2, sharex=True)
     names = list(dict.fromkeys(data.mapping))
+    t_exact_max = data.loc[data.exact, "T"].max() if data.exact.any() else None
     for ax, (metric, label, scale) in zip(
         axes,
         (
@@ -120,22 +196,54 @@ def draw(data: pd.DataFrame):
         strict=True,
     ):
         for name in names:
-            part = data[data.mapping == name].sort_values("T")
+            part = _curve(data, name)
+            T = part["T"].to_numpy(dtype=float)
             y = part[metric].to_numpy(dtype=float)
+            lo = part[f"{metric}_lo"].to_numpy(dtype=float)
+            hi = part[f"{metric}_hi"].to_numpy(dtype=float)
             if scale == "log":
-                y = _common.finite_positive(y)
-            ax.plot(
-                part["T"],
-                y,
-                marker=style.marker(name),
-                markersize=2.5,
-                **style.line_kwargs(name, linewidth=1.1),
+                y, lo, hi = (_common.finite_positive(v) for v in (y, lo, hi))
+            width = 2.0 if name in HIGHLIGHT else 1.0
+            kwargs = style.line_kwargs(name, linewidth=width)
+            exact = part.exact.to_numpy(dtype=bool)
+            (line,) = ax.plot(
+                T, y, marker=style.marker(name), markersize=2.8, markevery=list(exact), **kwargs
             )
+            ax.plot(
+                T[~exact],
+                y[~exact],
+                linestyle="none",
+                marker=style.marker(name),
+                markersize=3.2,
+                markerfacecolor="white",
+                markeredgewidth=0.8,
+                color=line.get_color(),
+            )
+            mc = ~exact & np.isfinite(lo) & np.isfinite(hi)
+            if mc.any():
+                ax.fill_between(
+                    T[mc], lo[mc], hi[mc], color=line.get_color(), alpha=0.12, linewidth=0
+                )
+        if t_exact_max is not None and (~data.exact).any():
+            ax.axvline(t_exact_max, color="0.5", linewidth=0.6, linestyle=":")
+            ax.annotate(
+                "exact ← | → Monte Carlo",
+                (t_exact_max, 0.0),
+                xycoords=("data", "axes fraction"),
+                xytext=(0, 3),
+                textcoords="offset points",
+                ha="center",
+                va="bottom",
+                fontsize=6.5,
+                color="0.35",
+            )
+        ax.set_xscale("log")
         ax.set_yscale(scale)
         ax.set_xlabel("sequence length T")
         ax.set_ylabel(label)
         ax.set_title("MSE" if metric == "mse" else "cosine to ∇J")
-    axes[1].set_ylim(float(np.nanmin(data.cosine)) - 0.05, 1.02)
+    cos = data.cosine.to_numpy(dtype=float)
+    axes[1].set_ylim(max(float(np.nanmin(cos[np.isfinite(cos)])) - 0.05, -1.02), 1.02)
     _common.panel_label(axes[0], "a")
     _common.panel_label(axes[1], "b")
     fig.legend(
@@ -145,8 +253,10 @@ def draw(data: pd.DataFrame):
         title="mapping",
         title_fontsize=7.5,
     )
+    mc = data[~data.exact]
+    reps = f", {int(mc.reps.iloc[0])} MC batches" if len(mc) else ""
     fig.suptitle(
         f"Token MDP (answer_correct), χ²(π‖μ) = {float(data.chi2_tok.iloc[0]):.3g} in every "
-        f"state, n = {int(data.n.iloc[0])}: MSE and cosine vs T (exact)"
+        f"state, n = {int(data.n.iloc[0])}{reps}"
     )
     return fig
