@@ -3,6 +3,9 @@
 Subcommands (each defined by an ``_add_<name>(subparsers)`` function registered in
 ``SUBCOMMANDS``; a new subcommand is one more function and one more entry):
 
+- ``simkit run CONFIG [--out FILE]`` — every cell of a sweep config, serially in memory;
+- ``simkit sweep CONFIG --out DIR [--backend …]`` — a resumable sweep (:mod:`simkit.sweep`);
+- ``simkit report DIR`` — merged table and standard plots of a sweep directory;
 - ``simkit figures [NAME …] [--out DIR] [--small]`` — regenerate figures and the gallery;
 - ``simkit info`` — versions of simkit and its dependencies, installed optional extras;
 - ``simkit list mappings|figures|shifts`` — what the registries contain.
@@ -218,10 +221,188 @@ def _run_list(args) -> int:
     return 0
 
 
+# --- run / sweep / report ------------------------------------------------------------------
+
+#: columns printed by ``simkit run`` (besides the swept setting columns), when present
+RUN_SUMMARY_COLUMNS = ("estimator", "bias", "variance", "mse", "cosine", "ess", "exact")
+
+
+def _config_errors():
+    from simkit.config import ConfigError
+    from simkit.sweep import SweepError
+
+    return (ConfigError, SweepError)
+
+
+def _add_run(subparsers) -> None:
+    p = subparsers.add_parser(
+        "run",
+        help="run every cell of a sweep config serially, in memory, and print the table",
+        formatter_class=_Formatter,
+        description=(
+            "Run all the cells of a sweep configuration (TOML) one after the other in this\n"
+            "process, with nothing written but --out: the quick way to try a config before\n"
+            "a long 'simkit sweep'. Prints a summary (estimator, the swept settings, bias,\n"
+            "variance, MSE, cosine, ESS, exact); --out writes the full tidy table as CSV or\n"
+            "parquet (by extension). The numbers are those 'simkit sweep' gives for the\n"
+            "same config. The config is validated first (unknown keys, types, unreachable\n"
+            "divergence targets...)."
+        ),
+        epilog=(
+            "examples:\n"
+            "  simkit run configs/quick.toml\n"
+            "  simkit run configs/quick.toml --out quick.csv --all-columns\n"
+        ),
+    )
+    p.add_argument("config", metavar="CONFIG", help="sweep configuration file (TOML)")
+    p.add_argument("--out", metavar="FILE", help="write the full table to FILE (.csv or .parquet)")
+    p.add_argument("--all-columns", action="store_true", help="print every column")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_run_run)
+
+
+def _run_run(args) -> int:
+    from simkit import sweep
+
+    out = args.out
+    if out is not None and not out.endswith((".csv", ".parquet")):
+        raise CLIError(f"--out must end with .csv or .parquet, got {out!r}")
+    try:
+        table = sweep.run_config(args.config, progress=not args.no_progress)
+    except _config_errors() as err:
+        raise CLIError(str(err)) from None
+    if out is not None:
+        if out.endswith(".csv"):
+            table.to_csv(out, index=False)
+        else:
+            table.to_parquet(out, index=False)
+        print(f"table written to {out}", file=sys.stderr)
+    print(_summary_table(table, args.all_columns))
+    return 0
+
+
+def _summary_table(table, all_columns: bool = False) -> str:
+    """The table as text: every column, or the estimator, swept settings and main metrics."""
+    import pandas as pd
+
+    if not all_columns:
+        setting = ("env", "family", "divergence", "div_level", "target", "T", "n")
+        swept = [c for c in setting if c in table and table[c].nunique(dropna=False) > 1]
+        cols = [c for c in RUN_SUMMARY_COLUMNS[:1] + tuple(swept) + RUN_SUMMARY_COLUMNS[1:]]
+        table = table[[c for c in cols if c in table]]
+    with pd.option_context(
+        "display.max_rows", None, "display.max_columns", None, "display.width", 200
+    ):
+        return table.to_string(index=False, float_format=lambda v: f"{v:.4g}")
+
+
+def _add_sweep(subparsers) -> None:
+    p = subparsers.add_parser(
+        "sweep",
+        help="run a sweep into a directory: parallel or on Dask, crash-safe, resumable",
+        formatter_class=_Formatter,
+        description=(
+            "Expand a sweep configuration (TOML) into cells and run them, writing one\n"
+            "parquet shard per finished cell under DIR/cells/ (atomically: a killed run never\n"
+            "leaves a half-written shard). Running the same command again resumes: finished\n"
+            "cells are skipped, failed ones retried. A cell that raises is recorded with its\n"
+            "traceback in DIR/failures.jsonl and the sweep goes on (exit status 1 if any\n"
+            "failed). Every cell's random stream comes from (seed, cell key), so serial,\n"
+            "processes and dask give identical tables. Then run 'simkit report DIR'.\n"
+            "\n"
+            "backends:\n"
+            "  serial     one cell after the other in this process\n"
+            "  processes  a pool of --workers local processes (default: all cores)\n"
+            "  dask       a Dask cluster: --scheduler tcp://HOST:8786 (started with\n"
+            "             'dask scheduler' and 'dask worker tcp://HOST:8786' on the machines,\n"
+            "             each with simkit installed), or without --scheduler a LocalCluster\n"
+            "             of --workers processes"
+        ),
+        epilog=(
+            "examples:\n"
+            "  simkit sweep configs/quick.toml --out runs/quick\n"
+            "  simkit sweep configs/quick.toml --out runs/quick --backend processes --workers 4\n"
+            "  simkit sweep big.toml --out runs/big --backend dask --scheduler tcp://10.0.0.1:8786\n"
+            "  simkit report runs/quick\n"
+        ),
+    )
+    p.add_argument("config", metavar="CONFIG", help="sweep configuration file (TOML)")
+    p.add_argument("--out", required=True, metavar="DIR", help="sweep directory (created/resumed)")
+    p.add_argument(
+        "--backend",
+        choices=["serial", "processes", "dask"],
+        default="serial",
+        help="where cells run (default: %(default)s)",
+    )
+    p.add_argument("--workers", type=int, metavar="N", help="processes / LocalCluster workers")
+    p.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler, e.g. tcp://host:8786")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_run_sweep)
+
+
+def _run_sweep(args) -> int:
+    from simkit import sweep
+
+    try:
+        sweep.check_backend(args.backend, args.workers, args.scheduler)
+    except (TypeError, ValueError) as err:
+        raise CLIError(str(err)) from None
+    try:
+        summary = sweep.run_sweep(
+            args.config,
+            args.out,
+            backend=args.backend,
+            workers=args.workers,
+            scheduler=args.scheduler,
+            progress=not args.no_progress,
+        )
+    except _config_errors() as err:
+        raise CLIError(str(err)) from None
+    print(f"sweep: {summary}", file=sys.stderr)
+    if summary.complete:
+        print(f"next: simkit report {args.out}", file=sys.stderr)
+    return 0 if summary.failed == 0 else 1
+
+
+def _add_report(subparsers) -> None:
+    p = subparsers.add_parser(
+        "report",
+        help="merged table (parquet + CSV) and standard plots of a sweep directory",
+        formatter_class=_Formatter,
+        description=(
+            "Merge the shards of a sweep directory into DIR/results.parquet and\n"
+            "DIR/results.csv (one tidy table: metrics, the config's columns, simkit version,\n"
+            "cell key) and draw bias, variance, MSE and cosine against the swept setting,\n"
+            "one line per estimator, as DIR/report/<metric>.png. An unfinished sweep is an\n"
+            "error unless --partial."
+        ),
+        epilog="examples:\n  simkit report runs/quick\n  simkit report runs/big --partial\n",
+    )
+    p.add_argument("dir", metavar="DIR", help="sweep directory (simkit sweep --out DIR)")
+    p.add_argument("--partial", action="store_true", help="report the finished cells only")
+    p.set_defaults(func=_run_report)
+
+
+def _run_report(args) -> int:
+    from simkit.figures.report import report
+
+    try:
+        table, paths = report(args.dir, partial=args.partial)
+    except _config_errors() as err:
+        raise CLIError(str(err)) from None
+    print(f"{len(table)} rows, {table['cell'].nunique()} cells", file=sys.stderr)
+    for path in paths:
+        print(path)
+    return 0
+
+
 # --- parser ------------------------------------------------------------------------------------
 
 #: subcommand name -> function adding it to the subparsers (in help order)
 SUBCOMMANDS: dict[str, Callable] = {
+    "run": _add_run,
+    "sweep": _add_sweep,
+    "report": _add_report,
     "figures": _add_figures,
     "info": _add_info,
     "list": _add_list,
@@ -241,6 +422,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=(
             "examples:\n"
             "  simkit list mappings\n"
+            "  simkit run configs/quick.toml\n"
+            "  simkit sweep configs/quick.toml --out runs/quick --backend processes\n"
+            "  simkit report runs/quick\n"
             "  simkit figures kernel_shapes --out figures\n"
             "  simkit info\n"
         ),
