@@ -233,7 +233,11 @@ assert abs(slope - (2 - 3)) < 1e-6  # φ'(1) = k − λ = −1 for A ≥ 0
 
 # %%
 def mse_bars(chi2=1.0, n=64, family="logit_noise"):
-    mu = shifts.dial(env.pi, chi2, divergence="chi2", family=family)
+    try:
+        mu = shifts.dial(env.pi, chi2, divergence="chi2", family=family)
+    except ValueError as error:  # a target the family cannot reach: say so and stop
+        print(error)
+        return
     tab = experiment.run(env, mu, [estimator(k) for k in names], n=n, reps=2, exact=True)
     ax = plt.figure(figsize=(7, 3)).add_subplot()
     colors = [style.color(k) for k in names]
@@ -250,7 +254,7 @@ bars = interact(
     mse_bars,
     chi2=LogSlider(0.01, 30.0, 1.0),
     n=Choice([16, 64, 256, 1024], value=64),
-    family=Choice(["logit_noise", "tail", "temperature"]),
+    family=Choice(["logit_noise", "tail", "mixture"]),
 )
 
 # %% [markdown]

@@ -1,9 +1,12 @@
 """Grids of experiments: serial, multi-process or Dask execution, crash-safe shards, resume.
 
 A sweep is a :class:`simkit.config.SweepConfig` expanded into cells (:func:`simkit.config.expand`:
-one cell = one setting with all of its estimators, keyed by a stable content hash). Each cell
-is computed by :func:`simkit.config.run_cell`, whose random stream depends only on
-(config seed, cell key), so that the table is bit-identical whatever ran it: serially, on local
+one cell = one setting with all of its estimators, keyed by a stable content hash), or a
+:class:`simkit.config.TrainSweepConfig` (``kind = "train"``: one cell = one training run of
+:func:`simkit.train.train`, its per-step table as the shard). Each cell
+is computed by :func:`simkit.config.run_cell`, whose random stream depends only on the cell
+((config seed, cell key), or a training run's own seed), so that the table is bit-identical
+whatever ran it: serially, on local
 processes or on a Dask cluster, in one go or resumed after a crash.
 
 Layout of a sweep directory ``out_dir``::
@@ -271,10 +274,10 @@ def _as_config(config_or_path):
         except _config.ConfigError as exc:
             raise _config.ConfigError(f"{path}: {exc}") from None
         return config, path.read_bytes()
-    if not isinstance(config_or_path, _config.SweepConfig):
+    if not isinstance(config_or_path, _config.SweepConfig | _config.TrainSweepConfig):
         raise TypeError(
-            "config_or_path must be a SweepConfig or the path of a TOML config file, got "
-            f"{type(config_or_path).__name__}"
+            "config_or_path must be a SweepConfig, a TrainSweepConfig or the path of a TOML "
+            f"config file, got {type(config_or_path).__name__}"
         )
     _config.validate(config_or_path)
     return config_or_path, None
@@ -420,7 +423,8 @@ def run_sweep(
 
     Parameters
     ----------
-    config_or_path : a :class:`simkit.config.SweepConfig` or the path of its TOML file.
+    config_or_path : a :class:`simkit.config.SweepConfig` or
+        :class:`~simkit.config.TrainSweepConfig`, or the path of its TOML file.
         Validated, and expanded into cells, before any work starts.
     out_dir : the sweep directory (module docstring). Created if needed; if it already holds a
         sweep, that sweep must have the same config (else :class:`SweepError`): finished cells
@@ -626,23 +630,47 @@ def concat_tables(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def run_config(config_or_path, progress: bool = True) -> pd.DataFrame:
-    """Run every cell of a config serially in memory and return the table (``simkit run``).
+def run_config(
+    config_or_path, progress: bool = True, backend: str = "serial", workers: int | None = None
+) -> pd.DataFrame:
+    """Run every cell of a config in memory and return the table (``simkit run``).
 
     The same numbers as :func:`run_sweep` + :func:`load_results` (same cells, same seeds, same
-    order); nothing is written and the first failing cell raises.
+    order), whatever the backend; nothing is written and the first failing cell raises (with
+    its worker's traceback). ``backend`` ``"serial"`` runs the cells in this process,
+    ``"processes"`` on a pool of ``workers`` local processes (default: all cores, at most one
+    per cell): what a figure's ``compute`` uses to spread a grid of training runs over the
+    cores without a sweep directory.
     """
+    if backend not in ("serial", "processes"):
+        raise ValueError(f"run_config backend must be 'serial' or 'processes', got {backend!r}")
+    check_backend(backend, workers)
     config, _ = _as_config(config_or_path)
     cells = _config.expand(config)
     from tqdm.auto import tqdm
 
-    frames = []
-    for cell in tqdm(cells, desc="cells", unit="cell", disable=not progress):
-        with single_threaded_blas():
-            table = _config.run_cell(cell)
-        _check_table(table, cell.key)
-        frames.append(_parquet_roundtrip(table))
-    return concat_tables(frames)
+    tables: dict[str, pd.DataFrame] = {}
+    bar = tqdm(total=len(cells), desc="cells", unit="cell", disable=not progress)
+    try:
+        if backend == "serial":
+            for cell in cells:
+                with single_threaded_blas():
+                    table = _config.run_cell(cell)
+                _check_table(table, cell.key)
+                tables[cell.key] = _parquet_roundtrip(table)
+                bar.update(1)
+        else:
+            for cell, outcome in _execute_processes(cells, workers):
+                if outcome.table is None:
+                    raise RuntimeError(
+                        f"cell {cell.key} ({cell.columns}) failed: {outcome.exception}\n"
+                        f"{outcome.traceback}"
+                    )
+                tables[cell.key] = _parquet_roundtrip(outcome.table)
+                bar.update(1)
+    finally:
+        bar.close()
+    return concat_tables([tables[c.key] for c in cells])
 
 
 def _parquet_roundtrip(table: pd.DataFrame) -> pd.DataFrame:

@@ -69,7 +69,7 @@ from simkit.estimators import Estimator, as_estimator
 
 #: parameter-subset presets of :func:`select_parameters`
 PARAMETER_PRESETS = ("lm_head", "norm", "last_layer", "last_mlp", "all")
-GRAD_METHODS = ("vmap", "loop")
+GRAD_METHODS = ("auto", "head", "vmap", "loop")
 LOSS_PATHS = ("torch", "numpy")
 #: largest number of stored gradient values E·R·D (float64) of one study (about 1.6 GB)
 MAX_STORED_VALUES = 200_000_000
@@ -164,27 +164,75 @@ def temperature_behaviour(tau: float) -> Behaviour:
     return Behaviour(transform=lambda z: z / tau, name="temperature", strength=float(tau))
 
 
-def as_behaviour(behaviour, pi_model: torch.nn.Module | None = None) -> Behaviour:
-    """Coerce ``behaviour`` into a :class:`Behaviour`.
+def resolve_behaviour(
+    behaviour,
+    model: torch.nn.Module,
+    *,
+    task=None,
+    tokenizer=None,
+    eos_token_id: int | None = None,
+    max_new_tokens: int | None = None,
+) -> tuple[torch.nn.Module, Behaviour]:
+    """The pair (π's network, μ) a study runs on, from ``behaviour`` and the given ``model``.
 
-    Accepts None (on-policy), a :class:`Behaviour`, a number (a temperature τ), or an object of
-    :mod:`simkit.lm.mismatch` (see :func:`_from_mismatch`).
+    Accepts None (on-policy: μ = π = ``model``), a :class:`Behaviour` or a number (a
+    temperature τ) — π is ``model`` —, a spec string of :func:`simkit.lm.mismatch.parse`
+    (``"temperature:1.3"``, ``"staleness:4"``), a generator of :mod:`simkit.lm.mismatch` (anything with
+    ``prepare(model, task=…, tokenizer=…, eos_token_id=…, max_new_tokens=…)``; a staleness
+    generator *trains* π away from ``model``, which stays the behaviour), or an already prepared
+    :class:`simkit.lm.mismatch.MismatchPair` (anything with ``target`` and ``behaviour``).
     """
-    if behaviour is None:
-        return Behaviour()
-    if isinstance(behaviour, Behaviour):
-        return behaviour
+    if isinstance(behaviour, str):
+        from simkit.lm import mismatch
+
+        behaviour = mismatch.parse(behaviour)
+    if behaviour is None or isinstance(behaviour, Behaviour):
+        return model, behaviour if behaviour is not None else Behaviour()
     if isinstance(behaviour, int | float) and not isinstance(behaviour, bool):
-        return temperature_behaviour(float(behaviour))
-    return _from_mismatch(behaviour, pi_model)
-
-
-def _from_mismatch(obj, pi_model) -> Behaviour:
-    """Adapter for the generators of :mod:`simkit.lm.mismatch` (duck-typed)."""
+        return model, temperature_behaviour(float(behaviour))
+    if hasattr(behaviour, "prepare"):
+        behaviour = behaviour.prepare(
+            model,
+            task=task,
+            tokenizer=tokenizer,
+            eos_token_id=eos_token_id,
+            max_new_tokens=max_new_tokens,
+        )
+    if hasattr(behaviour, "target") and isinstance(getattr(behaviour, "behaviour", None), Behaviour):
+        return behaviour.target, behaviour.behaviour
     raise TypeError(
-        "behaviour must be None, a simkit.lm.experiment.Behaviour or a temperature (float), got "
-        f"{type(obj).__name__}"
+        "behaviour must be None, a temperature (float), a simkit.lm.experiment.Behaviour, a "
+        "simkit.lm.mismatch generator or MismatchPair; got "
+        f"{type(behaviour).__name__}"
     )
+
+
+def as_behaviour(behaviour, pi_model: torch.nn.Module | None = None) -> Behaviour:
+    """μ alone, for behaviours that leave π = ``pi_model`` unchanged (:func:`resolve_behaviour`).
+
+    Raises ``ValueError`` for a generator that changes π (staleness): use
+    :func:`resolve_behaviour` and study the returned π.
+    """
+    target, mu = resolve_behaviour(behaviour, pi_model)
+    if target is not pi_model:
+        raise ValueError(
+            f"behaviour {mu.name!r} changes the target policy π (not only μ); use "
+            "resolve_behaviour(behaviour, model, task=...) and study the returned π"
+        )
+    return mu
+
+
+def model_fingerprint(model: torch.nn.Module) -> str:
+    """A short hash of a model's parameters (names, shapes, Σθ and Σθ² in float64): two
+    studies share a reference gradient only if they ran on the same π."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with torch.no_grad():
+        for name, prm in model.named_parameters():
+            x = prm.detach().double()
+            h.update(f"{name}{tuple(prm.shape)}{float(x.sum())!r}{float((x * x).sum())!r}".encode())
+    return h.hexdigest()[:16]
 
 
 # --- sampling and log-probabilities ----------------------------------------------------------
@@ -322,28 +370,131 @@ def _flatten(grads: dict[str, torch.Tensor], names, lead: int) -> torch.Tensor:
     return torch.cat([grads[n].reshape(*grads[n].shape[:lead], -1) for n in names], dim=-1)
 
 
+def head_parameter_names(model: torch.nn.Module) -> tuple[str, ...]:
+    """Parameters whose per-token scores :func:`head_scores` computes in closed form.
+
+    The final RMSNorm weight ``model.norm.weight`` and an *untied* ``lm_head.weight`` of a
+    Llama-style causal LM (``model.model.norm`` with ``variance_epsilon``, ``model.lm_head``
+    without bias). A tied output matrix is excluded: its gradient also flows through the input
+    embedding, which the closed form does not see.
+    """
+    inner = getattr(model, "model", None)
+    norm = getattr(inner, "norm", None)
+    head = getattr(model, "lm_head", None)
+    if norm is None or not hasattr(norm, "variance_epsilon") or head is None:
+        return ()
+    if getattr(head, "bias", None) is not None:
+        return ()
+    names = {n for n, _ in model.named_parameters()}
+    out = []
+    if "model.norm.weight" in names:
+        out.append("model.norm.weight")
+    if "lm_head.weight" in names:  # absent from named_parameters when tied to the embedding
+        out.append("lm_head.weight")
+    return tuple(out)
+
+
+def resolve_grad_method(model: torch.nn.Module, param_names: Sequence[str], method: str) -> str:
+    """``"auto"`` → ``"head"`` when every parameter of θ has a closed-form score
+    (:func:`head_parameter_names`), else ``"vmap"``; other methods are returned unchanged."""
+    if method not in GRAD_METHODS:
+        raise ValueError(f"method must be one of {GRAD_METHODS}, got {method!r}")
+    supported = set(head_parameter_names(model))
+    if method == "head" and not set(param_names) <= supported:
+        raise ValueError(
+            f"grad method 'head' computes scores of {sorted(supported) or 'no parameter'} of "
+            f"this model only, not {sorted(set(param_names) - supported)}; use 'vmap' or 'loop'"
+        )
+    if method == "auto":
+        return "head" if set(param_names) <= supported else "vmap"
+    return method
+
+
+def final_hidden_and_logits(model: torch.nn.Module, input_ids: torch.Tensor):
+    """One forward pass returning (h, logits): h (N, L, d) the input of the final norm
+    ``model.model.norm`` (captured by a forward pre-hook) and the model's logits (N, L, V)."""
+    captured = {}
+
+    def hook(module, args):
+        captured["h"] = args[0]
+
+    handle = model.model.norm.register_forward_pre_hook(hook)
+    try:
+        logits = model(input_ids).logits
+    finally:
+        handle.remove()
+    return captured["h"], logits
+
+
+def head_scores(
+    model: torch.nn.Module,
+    param_names: Sequence[str],
+    hidden: torch.Tensor,
+    input_ids: torch.Tensor,
+    prompt_length: int,
+) -> torch.Tensor:
+    """Closed-form per-token scores ∇θ log π(y_t | h_t) for θ ⊆ {final norm weight γ, lm_head W}.
+
+    With x the final hidden state (the norm's input, ``hidden`` (N, L, d)), n = x/√(mean x² + ε)
+    (RMSNorm, Zhang & Sennrich 2019), z = W(γ ⊙ n) and π = softmax(z):
+    ∂ log π_y/∂γ = n ⊙ Wᵀ(e_y − π) and ∂ log π_y/∂W = (e_y − π)(γ ⊙ n)ᵀ (C order, (V, d)).
+    Everything after the norm's input is recomputed in float64, so one forward pass gives the
+    scores of every position — no backward pass. Returns (N, T, D) float64 in the order of
+    ``param_names`` (T = L − ``prompt_length``), like :func:`per_token_scores`.
+    """
+    T = _check_rows(input_ids, prompt_length)
+    names = tuple(param_names)
+    supported = head_parameter_names(model)
+    if not names or not set(names) <= set(supported):
+        raise ValueError(f"head_scores supports {supported}, got {names}")
+    p = int(prompt_length)
+    norm, head = model.model.norm, model.lm_head
+    x = hidden[:, p - 1 : -1].double()
+    n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + float(norm.variance_epsilon))
+    gamma = norm.weight.detach().double()
+    W = head.weight.detach().double()
+    a = n * gamma
+    probs = torch.softmax(a @ W.T, dim=-1)  # (N, T, V)
+    resid = -probs
+    resid.scatter_add_(-1, input_ids[:, p:, None], torch.ones_like(resid[..., :1]))
+    parts = []
+    for name in names:
+        if name == "model.norm.weight":
+            parts.append(n * (resid @ W))
+        else:
+            parts.append((resid[..., :, None] * a[..., None, :]).reshape(*resid.shape[:2], -1))
+    out = torch.cat(parts, dim=-1)
+    assert out.shape[1] == T
+    return out
+
+
 def per_token_scores(
     model: torch.nn.Module,
     param_names: Sequence[str],
     input_ids: torch.Tensor,
     prompt_length: int,
-    method: str = "vmap",
+    method: str = "auto",
     chunk_size: int | None = None,
 ) -> torch.Tensor:
     """S[i, t] = ∇θ log π(y_{i,t} | x, y_{i,<t}) for θ = ``param_names``: (N, T, D).
 
     ``input_ids`` (N, L): N rows sharing the same ``prompt_length`` (responses y_i = the last
-    T = L − prompt_length tokens). ``method="vmap"``: ``torch.func.vmap`` over rows of
-    ``jacrev`` of the row's log-probs (``functional_call``; ``chunk_size`` rows at a time);
-    ``"loop"``: one forward per row and T backward passes. D flattens the parameters in the
-    order of ``param_names``, each in C order. The model should be in eval mode.
+    T = L − prompt_length tokens). ``method="head"``: the closed form of :func:`head_scores`
+    (one forward pass; θ ⊆ final norm weight, untied lm_head); ``"vmap"``: ``torch.func.vmap``
+    over rows of ``jacrev`` of the row's log-probs (``functional_call``; ``chunk_size`` rows at
+    a time); ``"loop"``: one forward per row and T backward passes; ``"auto"``: ``"head"`` when
+    θ allows it, else ``"vmap"``. D flattens the parameters in the order of ``param_names``,
+    each in C order. The model should be in eval mode.
     """
     _check_rows(input_ids, prompt_length)
-    if method not in GRAD_METHODS:
-        raise ValueError(f"method must be one of {GRAD_METHODS}, got {method!r}")
     names = tuple(param_names)
+    method = resolve_grad_method(model, names, method)
     params = _subset(model, names)
     p = int(prompt_length)
+    if method == "head":
+        with torch.no_grad():
+            hidden, _ = final_hidden_and_logits(model, input_ids)
+            return head_scores(model, names, hidden, input_ids, p)
     if method == "vmap":
         jac = vmap(
             jacrev(lambda prm, row: _row_log_probs(model, prm, row, p)),
@@ -380,7 +531,8 @@ def per_sample_gradients(
     The gradient of sample i's term of a weighted policy-gradient loss (λ = −∂loss/∂log π).
     ``token_weights`` λ (N, T). ``method="vmap"``: ``torch.func.vmap(grad(...))`` over rows with
     ``functional_call`` (Horace He et al., torch.func per-sample-gradient recipe); ``"loop"``:
-    one forward and one backward per row.
+    one forward and one backward per row; ``"head"``: λ-contraction of the closed-form scores
+    of :func:`head_scores`; ``"auto"``: ``"head"`` when θ allows it, else ``"vmap"``.
     """
     T = _check_rows(input_ids, prompt_length)
     if token_weights.shape != (input_ids.shape[0], T):
@@ -388,11 +540,13 @@ def per_sample_gradients(
             f"token_weights must have shape (N, T) = ({input_ids.shape[0]}, {T}), got "
             f"{tuple(token_weights.shape)}"
         )
-    if method not in GRAD_METHODS:
-        raise ValueError(f"method must be one of {GRAD_METHODS}, got {method!r}")
     names = tuple(param_names)
+    method = resolve_grad_method(model, names, method)
     params = _subset(model, names)
     p = int(prompt_length)
+    if method == "head":
+        S = per_token_scores(model, names, input_ids, p, method="head")
+        return torch.einsum("nt,ntd->nd", token_weights.to(S), S)
     lam = token_weights.to(next(iter(params.values())).dtype)
 
     def weighted(prm, row, w):
@@ -668,7 +822,8 @@ class StudyResult:
     ``lengths``: the response length of every μ draw (reps·n,). ``J``, ``J_se``: the pilot
     estimate of J(π) (the oracle baseline). ``reference`` (D,) ∇̂J; ``grad_norm`` the debiased
     ‖∇J‖; ``param_names``, ``D``. ``gradients`` (E, R, D) the ĝ_r of each estimator and
-    ``reference_samples`` (M, D) (kept for further analysis).
+    ``reference_samples`` (M, D) (kept for further analysis). ``fingerprint``: the
+    :func:`model_fingerprint` of π (a reference is reused only on the same π).
     """
 
     table: pd.DataFrame
@@ -682,6 +837,7 @@ class StudyResult:
     D: int
     gradients: np.ndarray = field(repr=False)
     reference_samples: np.ndarray = field(repr=False)
+    fingerprint: str = ""
 
 
 @dataclass
@@ -731,8 +887,12 @@ def _draw(
         p = int(p)
         prompt_ids = torch.tensor([prompts[int(prompt_index[i])] for i in rows], device=device)
         ids, m = sample_group(model, behaviour, prompt_ids, T, generator, eos_token_id)
+        head = with_scores and grad_method == "head"
         with torch.no_grad():
-            pi_logits = model(ids).logits
+            if head:
+                hidden, pi_logits = final_hidden_and_logits(model, ids)
+            else:
+                pi_logits = model(ids).logits
             mu_logits = behaviour.logits(model, ids, pi_logits=pi_logits)
             lp = response_log_probs(pi_logits, ids, p)
             lq = response_log_probs(mu_logits, ids, p)
@@ -745,9 +905,12 @@ def _draw(
         for k in divs:
             divs[k][r] = d[k].cpu()
         if with_scores:
-            s = per_token_scores(
-                model, param_names, ids, p, method=grad_method, chunk_size=chunk_size
-            )
+            if head:
+                s = head_scores(model, param_names, hidden, ids, p)
+            else:
+                s = per_token_scores(
+                    model, param_names, ids, p, method=grad_method, chunk_size=chunk_size
+                )
             s = s * m[..., None].to(s.dtype)
             if scores is None:
                 scores = torch.zeros((N, T, s.shape[-1]), dtype=s.dtype, device=s.device)
@@ -862,7 +1025,7 @@ def gradient_study(
     group_size: int = 1,
     seed: int = 0,
     loss_path: str = "torch",
-    grad_method: str = "vmap",
+    grad_method: str = "auto",
     chunk_size: int | None = None,
     level: float = 0.95,
     n_boot: int = 200,
@@ -879,7 +1042,10 @@ def gradient_study(
         in eval mode, on the device the study runs on (CPU or CUDA: everything follows it).
     task : a task of :mod:`simkit.lm.tasks` (prompts + verifiable reward).
     estimators : :class:`~simkit.estimators.Estimator` objects, mappings or mapping names.
-    behaviour : μ (:func:`as_behaviour`: None on-policy, a temperature, a :class:`Behaviour`).
+    behaviour : μ (:func:`resolve_behaviour`: None on-policy, a temperature, a
+        :class:`Behaviour`, a :mod:`simkit.lm.mismatch` generator or prepared pair; a
+        staleness generator trains π away from ``model``). Its name and strength become the
+        ``behaviour`` and ``strength`` columns.
     params : parameter subset θ (:func:`select_parameters`).
     n, reps : batch size and number of independent batches from μ.
     n_ref : on-policy draws of the REINFORCE reference ∇̂J; ``n_pilot``: draws for the baseline J.
@@ -936,8 +1102,18 @@ def gradient_study(
     clash = sorted(set(setting) & _RESERVED)
     if clash:
         raise ValueError(f"setting keys {clash} clash with result columns; rename them")
-    mu = as_behaviour(behaviour, model)
+    model, mu = resolve_behaviour(
+        behaviour,
+        model,
+        task=task,
+        tokenizer=tokenizer,
+        eos_token_id=eos_token_id,
+        max_new_tokens=T,
+    )
+    setting = {"behaviour": mu.name, "strength": mu.strength, **setting}
     param_names = select_parameters(model, params)
+    grad_method = resolve_grad_method(model, param_names, grad_method)
+    fingerprint = model_fingerprint(model)
     D = parameter_dim(model, param_names)
     if len(ests) * reps * D > MAX_STORED_VALUES:
         raise ValueError(
@@ -973,6 +1149,11 @@ def gradient_study(
     if reference is not None:
         if not isinstance(reference, StudyResult):
             raise TypeError(f"reference must be a StudyResult, got {type(reference).__name__}")
+        if reference.fingerprint and reference.fingerprint != fingerprint:
+            raise ValueError(
+                "reference was measured on another target policy π (its parameters differ; "
+                "a staleness generator trains π): run the reference study on this π"
+            )
         if reference.param_names != param_names or int(reference.table["T"].iloc[0]) != T:
             raise ValueError(
                 "reference was measured on other parameters or another response length: "
@@ -1123,6 +1304,7 @@ def gradient_study(
         D=D,
         gradients=grads,
         reference_samples=U,
+        fingerprint=fingerprint,
     )
 
 

@@ -174,11 +174,12 @@ def loss_form(name: str) -> str:
 class _Batch:
     """Validated inputs in the compute dtype; padded positions already neutralised.
 
-    ``log_ratio`` (N, T): log π − log μ, 0 on padding; it carries the gradient to ``log_prob``
-    for surrogate losses and is detached for detached ones. ``mask`` (N, T) bool and ``maskf``
-    the same as 0/1 in the compute dtype. ``positive`` (N,) bool: A >= 0. ``lengths`` (N,)
-    valid tokens per row (compute dtype). ``log_w`` (N,) detached Σ_t log r_t, ``log_s`` (N,)
-    detached mean_t log r_t (0 for an empty row).
+    ``log_ratio`` (N, T): log π − log μ, exactly 0 on padding; it carries the gradient to
+    ``log_prob`` for surrogate losses and is detached for detached ones. ``mask`` (N, T) bool and
+    ``maskf`` the same as 0/1 in the compute dtype. ``positive`` (N,) bool: A >= 0. ``lengths``
+    (N,) valid tokens per row (compute dtype). ``log_w`` (N,) detached Σ_t log r_t, ``log_s``
+    (N,) detached mean_t log r_t (0 for an empty row). ``lr_min``, ``lr_max``: the smallest and
+    largest entry of ``log_ratio`` (padding zeros included), as Python floats.
     """
 
     log_ratio: torch.Tensor
@@ -188,6 +189,8 @@ class _Batch:
     lengths: torch.Tensor
     log_w: torch.Tensor
     log_s: torch.Tensor
+    lr_min: float
+    lr_max: float
 
     def per_row(self, value_pos: float, value_neg: float) -> torch.Tensor:
         """(N,) tensor: ``value_pos`` on rows with A >= 0, ``value_neg`` on the others."""
@@ -195,9 +198,21 @@ class _Batch:
         neg = torch.tensor(value_neg, dtype=self.log_w.dtype, device=self.log_w.device)
         return torch.where(self.positive, pos, neg)
 
+    def ratio(self, cap: float) -> torch.Tensor:
+        """r = exp(min(log r, cap)) (N, T), differentiable with ∂r/∂log r = r also above the cap
+        (:func:`capped_exp`); a plain ``exp`` when no log-ratio exceeds the cap."""
+        if self.lr_max <= cap:
+            return torch.exp(self.log_ratio)
+        return capped_exp(self.log_ratio, cap)
+
+    def count_flags(self, flags: torch.Tensor) -> torch.Tensor:
+        """Number of True entries of ``flags`` (N, T) bool, which must be False wherever the
+        log-ratio is 0 (so on every padded position): the clipped valid tokens."""
+        return torch.count_nonzero(flags)
+
     def count_tokens(self, clipped: torch.Tensor) -> torch.Tensor:
         """Number of valid tokens flagged by ``clipped`` (N, T) bool (padding ignored)."""
-        return (clipped & self.mask).sum()
+        return torch.count_nonzero(clipped & self.mask)
 
     def count_rows(self, clipped: torch.Tensor) -> torch.Tensor:
         """Number of valid tokens in the rows flagged by ``clipped`` (N,) bool."""
@@ -252,38 +267,6 @@ def capped_exp(x: torch.Tensor, cap: float) -> torch.Tensor:
     if not x.requires_grad:
         return torch.exp(torch.clamp(x, max=cap))
     return _CappedExp.apply(x, cap)
-
-
-class _MaskedValues(torch.autograd.Function):
-    """where(mask, x, 0) whose backward is grad·mask (a multiplication instead of a select).
-
-    Exact because every loss built here has a finite gradient w.r.t. the masked values on
-    padded positions (there it is 0: padded tokens are multiplied by a 0 weight after finite
-    kernels), so grad·0 = 0 = where(mask, grad, 0).
-    """
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(x, mask, maskf):
-        return torch.where(mask, x, 0.0)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(inputs[2])
-
-    @staticmethod
-    def backward(ctx, grad):
-        (maskf,) = ctx.saved_tensors
-        return grad * maskf, None, None
-
-
-def masked_values(x: torch.Tensor, mask: torch.Tensor, maskf: torch.Tensor) -> torch.Tensor:
-    """``x`` on valid positions, exactly 0 on padded ones (whatever x holds there: NaN, ±inf);
-    its gradient is 0 on padding. ``mask`` bool and ``maskf`` 0/1 of x's dtype, same shape."""
-    if not x.requires_grad:
-        return torch.where(mask, x, 0.0)
-    return _MaskedValues.apply(x, mask, maskf)
 
 
 def _log(x: float) -> float:

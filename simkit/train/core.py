@@ -217,9 +217,36 @@ class TrainConfig:
     def make_optimizer(self):
         return make_optimizer(self.optimizer, self.lr, self.beta1, self.beta2, self.adam_eps)
 
+    def to_dict(self) -> dict:
+        """A plain JSON-able dict describing this config completely (:func:`config_dict`)."""
+        return config_dict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TrainConfig:
+        """The config of a :func:`config_dict` (``TrainConfig.from_dict(config_dict(c)) ==
+        c``): the estimator is rebuilt from its parameters (mapping, hyperparameters,
+        aggregation, advantage, group size, name), the mismatch from its fields."""
+        from simkit.config import build_estimators
+
+        if not isinstance(d, dict):
+            raise TypeError(f"expected a dict, got {type(d).__name__}")
+        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(
+                f"unknown TrainConfig key {unknown[0]!r}; valid keys: "
+                f"{', '.join(cls.__dataclass_fields__)}"
+            )
+        kwargs = dict(d)
+        if isinstance(kwargs.get("estimator"), dict):
+            kwargs["estimator"] = build_estimators([kwargs["estimator"]])[0]
+        if isinstance(kwargs.get("mismatch"), dict):
+            kwargs["mismatch"] = Mismatch(**kwargs["mismatch"])
+        return cls(**kwargs)
+
 
 def config_dict(config: TrainConfig) -> dict:
-    """A plain JSON-able dict describing ``config`` completely (estimator included)."""
+    """A plain JSON-able dict describing ``config`` completely (estimator included); the
+    inverse is :meth:`TrainConfig.from_dict`."""
     from simkit.config import estimator_params
 
     out = {}

@@ -157,14 +157,16 @@ class Mismatch:
 
     @property
     def label(self) -> str:
-        """Short description, e.g. ``"bf16 + noise 0.05 + spikes p=0.001 s=8"`` or ``"none"``."""
+        """Short description, e.g. ``"bf16 + noise 0.05 + spikes p=0.001 s=8"`` or ``"none"``
+        (``k=…`` is added when more than one token per row is spiked)."""
         parts = []
         if self.precision is not None:
             parts.append(self.precision)
         if self.logit_noise > 0:
             parts.append(f"noise {self.logit_noise:g}")
         if self.spike_prob > 0 and self.spike_strength > 0:
-            parts.append(f"spikes p={self.spike_prob:g} s={self.spike_strength:g}")
+            tokens = f" k={self.spike_tokens}" if self.spike_tokens != 1 else ""
+            parts.append(f"spikes p={self.spike_prob:g} s={self.spike_strength:g}{tokens}")
         return " + ".join(parts) or "none"
 
 
