@@ -38,8 +38,8 @@
 #   −Σ λ·log π with λ = sg(c)·A/Z, and recognise SFT, rejection-sampling fine-tuning and
 #   REINFORCE as special cases.
 #
-# **Runtime**: about 12 s at full size, about 11 s with `SIMKIT_FAST=1` (kernel start
-# included, one CPU core).
+# **Runtime**: about 15 s at full size and with `SIMKIT_FAST=1` alike (kernel start
+# included, one CPU core; most of it is importing torch and drawing the figures).
 #
 # **Prerequisites**: `01_divergences` and `02_importance_sampling` (the ratio w = π/μ, the
 # sequence ratio W). Next: `04_bandit_bias_variance` (what each mapping costs in bias and
@@ -225,7 +225,9 @@ with style.context():
 #
 # f is drawn less often than φ, but it is the function a trainer actually differentiates
 # for the surrogate losses. Where φ vanishes, f is flat; where φ saturates at C, f keeps
-# growing like C·log w; VESPO's and SAPO's f saturate (bounded surrogates).
+# growing like C·log w; VESPO's and SAPO's f saturate (bounded surrogates). A surrogate is
+# only defined up to an additive constant (the constant has no gradient), so the grid below
+# draws every f shifted to pass through f(1) = 1, like plain IS's f = w.
 
 # %%
 names = list(dict.fromkeys(catalogue.mapping))
@@ -235,16 +237,20 @@ fig, axes = plt.subplots(
 )
 for ax, name in zip(axes.flat, names):
     part = catalogue[catalogue.mapping == name]
+    mapping = mappings.get(name)
     for sign, linestyle in (("A>0", "-"), ("A<0", "--")):
         line = part[part.advantage == sign]
-        ax.plot(line.w, line.f, linestyle, color=style.color(name), label=sign)
+        f_at_1 = float(mapping.f(1.0, sign == "A>0"))
+        ax.plot(line.w, line.f - f_at_1 + 1, linestyle, color=style.color(name), label=sign)
     ax.plot(line.w, line.w, ":", color="0.5", linewidth=0.8)
     ax.set_title(f"{name} (${part.ratio.iloc[0]}$)", fontsize=9)
     ax.set_ylim(-1.0, 4.0)
 for ax in axes.flat[len(names) :]:
     ax.axis("off")
+for ax in axes[-1]:
+    ax.set_xlabel("ratio")
 axes.flat[0].legend(fontsize=7)
-fig.suptitle("Surrogate f(ratio) of every scalar mapping (dotted: f = ratio, plain IS)")
+fig.suptitle("Surrogate f(ratio) − f(1) + 1 of every scalar mapping (dotted: plain IS, f = ratio)")
 fig.tight_layout()
 plt.show()
 
@@ -305,8 +311,9 @@ def show_kernel(name, w_max=3.0, **hyperparameters):
     _, (ax_phi, ax_f) = plt.subplots(1, 2, figsize=(10, 3.4))
     for positive, linestyle, label in ((True, "-", "A > 0"), (False, "--", "A < 0")):
         ax_phi.plot(w, mapping.phi(w, positive), linestyle, color=style.color(name), label=label)
-        ax_f.plot(w, mapping.f(w, positive), linestyle, color=style.color(name), label=label)
-    for ax, what in ((ax_phi, "coefficient φ"), (ax_f, "surrogate f")):
+        f_shifted = mapping.f(w, positive) - mapping.f(1.0, positive) + 1
+        ax_f.plot(w, f_shifted, linestyle, color=style.color(name), label=label)
+    for ax, what in ((ax_phi, "coefficient φ"), (ax_f, "surrogate f − f(1) + 1")):
         ax.plot(w, w, ":", color="0.5", label="plain IS")
         ax.axvline(1.0, color="0.8", linewidth=0.8)
         ax.set(xlabel=f"ratio ${ratio}$", title=f"{what} of {mapping.label}")
@@ -362,10 +369,12 @@ c_own = np.array(
 assert np.allclose(c_own, N * w_own / (w_own + others), rtol=1e-12)
 
 # %% [markdown]
-# **Pareto-smoothed IS** (`psis`, Vehtari et al., JMLR 2024): the largest weights of the batch
-# are replaced by quantiles of a generalised Pareto distribution fitted to the tail, then
-# self-normalised like SNIS. The fitted shape k̂ is the diagnostic: k̂ < 0.5 finite variance,
-# 0.5–0.7 usable, > 0.7 unreliable. On a batch of heavy-tailed sequence weights:
+# **Pareto-smoothed IS** (`psis`, Vehtari et al., JMLR 2024): the ⌊3√N⌋ largest weights of
+# the batch are replaced by the expected order statistics of a generalised Pareto
+# distribution fitted to them, then everything is self-normalised like SNIS. The smoothing
+# removes the jagged, noisy steps of the raw tail rather than cutting it down; the fitted
+# shape k̂ is the diagnostic: k̂ < 0.5 finite variance, 0.5–0.7 usable, > 0.7 unreliable.
+# On a batch of heavy-tailed (log-normal) sequence weights:
 
 # %%
 N_PSIS = 400
@@ -380,14 +389,14 @@ tail = np.argsort(c_raw)[-int(3 * math.sqrt(N_PSIS)) :]  # the ⌊3√N⌋ smoot
 body = np.setdiff1d(np.arange(N_PSIS), tail)
 assert np.allclose(c_psis[body] / c_raw[body], c_psis[body][0] / c_raw[body][0], rtol=1e-9)
 print(
-    f"k̂ = {khat:.2f}; largest coefficient {c_raw.max():.1f} (SNIS) → {c_psis.max():.1f} "
-    f"(PSIS); the body of the batch is only rescaled"
+    f"k̂ = {khat:.2f}; the {len(tail)} largest coefficients are replaced by Pareto quantiles "
+    f"(largest: {c_raw.max():.1f} → {c_psis.max():.1f}); the other {len(body)} are only rescaled"
 )
 
 fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.2))
 left.plot(w_own, c_own, color=style.color("snis"), label="snis, 7 others fixed")
 left.axhline(N, color="0.5", linestyle=":", label="N (saturation)")
-left.plot(w_own, w_own * N / (np.exp(log_w_batch).sum()), ":", color="0.3", label="W·N/ΣW (IS)")
+left.plot(w_own, w_own, ":", color="0.3", label="is_seq (c = W)")
 left.set(xscale="log", ylim=(0, 1.3 * N), xlabel="own sequence ratio W", ylabel="c")
 left.set_title("SNIS: c of one sequence vs its own W")
 left.legend(fontsize=8)
@@ -395,7 +404,8 @@ order = np.argsort(c_raw)[::-1]
 right.plot(np.arange(1, N_PSIS + 1), c_raw[order], color=style.color("snis"), label="snis")
 right.plot(np.arange(1, N_PSIS + 1), c_psis[order], color=style.color("psis"), label="psis")
 right.set(xscale="log", yscale="log", xlabel="rank of W in the batch", ylabel="c")
-right.set_title(f"PSIS flattens the tail (k̂ = {khat:.2f}, N = {N_PSIS})")
+right.set(xlim=(0.9, 2 * len(tail)), ylim=(0.5 * c_raw[order][2 * len(tail)], 2 * c_raw.max()))
+right.set_title(f"PSIS smooths the tail (k̂ = {khat:.2f}, N = {N_PSIS})")
 right.legend(fontsize=8)
 fig.tight_layout()
 plt.show()
@@ -451,7 +461,7 @@ fig, ax = plt.subplots(figsize=(5.5, 3.2))
 ax.plot(np.exp(sweep), c_gmpo[:, 0], color=style.color("gmpo"), label="c₁ (the token that moves)")
 ax.plot(np.exp(sweep), c_gmpo[:, 1], "--", color=style.color("gmpo"), label="c₂ (a fixed token)")
 ax.axvline(math.exp(0.4), color="0.6", linestyle=":")
-ax.set(xscale="log", xlabel="r₁", ylabel="c", title="GMPO, A > 0: one token moves the others")
+ax.set(xlabel="r₁", ylabel="c", title="GMPO, A > 0: one token moves the others")
 ax.legend(fontsize=8)
 plt.show()
 
@@ -525,8 +535,8 @@ assert np.all(sapo_pos[w > 0] > 0) and abs(sapo_pos[np.argmin(np.abs(w - 1))] - 
 # - **VESPO**: a smooth bump too, but placed asymmetrically — for A > 0 its peak is at
 #   2/3 (it favours responses that π already finds *less* likely than μ did), for A < 0 at
 #   3/2 — and it decays on *both* sides for both signs, at a rate set by (c₁, c₂), with no
-#   trust-region band to tune. Its φ is not 1-Lipschitz around 1: φ′(1) = c₁ − c₂ = −1 for
-#   A > 0, the property behind its bias at small mismatch (notebook 04).
+#   trust-region band to tune. Its slope at W = 1 is φ′(1) = c₁ − c₂ = −1 for A > 0 where a
+#   ratio has slope +1: the property behind its bias at small mismatch (notebook 04).
 #
 # Move VESPO's (k, λ), the clip ε and SAPO's τ, and the figure is recomputed by
 # `kernel_shapes.compute` with your configuration:
@@ -608,7 +618,7 @@ def sample_batch(mu_logits, n, rng):
     u = rng.random((n, T, 1))
     tokens = (u > np.cumsum(mu, axis=-1)[None]).sum(-1).clip(max=V - 1)
     mask = np.arange(T) < rng.integers(3, T + 1, n)[:, None]
-    rewards = (((tokens == 0) & mask).sum(axis=1) >= 2).astype(float)  # "token 0 twice"
+    rewards = ((tokens == 0) & mask).any(axis=1).astype(float)  # "token 0 appears"
     return tokens, mask, rewards
 
 
@@ -637,14 +647,14 @@ def gradients(name, aggregation):
         agg=aggregation,
         compute_metrics=False,
     )
-    (grad_loss,) = torch.autograd.grad(loss, theta)
+    (grad_loss,) = torch.autograd.grad(loss, theta, retain_graph=True)
     log_ratio = log_prob.detach().numpy() - old_log_prob
     lam = Estimator(name, aggregation=aggregation, advantage="grpo", group_size=G).token_weights(
         log_ratio, mask, rewards
     )
     sft = -(torch.as_tensor(lam) * log_prob).sum()
     (grad_sft,) = torch.autograd.grad(sft, theta)
-    return grad_loss.numpy(), grad_sft.numpy(), float(loss), float(sft)
+    return grad_loss.numpy(), grad_sft.numpy(), loss.item(), sft.item()
 
 
 rows = []
@@ -666,6 +676,8 @@ for aggregation in AGGREGATIONS:
 sft_check = pd.DataFrame(rows)
 assert np.all(sft_check["relative gradient difference"] < 1e-12)
 assert np.all(sft_check["‖∇θ‖∞"] > 0)
+detached = sft_check[sft_check.form == "detached"]  # these losses are weighted SFT losses
+assert np.allclose(detached["loss value"], detached["SFT loss value"], rtol=1e-12, atol=0)
 print(
     f"{len(sft_check)} (mapping, aggregation) pairs: largest relative gradient difference "
     f"{sft_check['relative gradient difference'].max():.1e}"
@@ -678,8 +690,10 @@ display(
 )
 
 # %% [markdown]
-# Same gradients to rounding error, for the 108 pairs; different loss values (the "loss"
-# curve a trainer logs is not comparable across mappings — only its gradient is meaningful).
+# Same gradients to rounding error for the 108 pairs. The detached losses *are* weighted SFT
+# losses (same value too); the surrogate ones have other values — PPO's is about −Σ r·A/Z,
+# near 0 when advantages are centred — so the "loss" curve a trainer logs is not comparable
+# across mappings: only its gradient means something.
 #
 # The special cases, checked against torch's own cross-entropy:
 
@@ -729,8 +743,9 @@ print(
 # batch, each column a token; red pushes the token's probability up, blue down. Under
 # `naive` all tokens of a response share one weight (its advantage / Z). Token-level
 # mappings (`ppo_clip`, `cispo`) change single tokens; sequence-level ones (`tis_seq`,
-# `vespo`, `gspo`) rescale whole responses. Choose the mapping, the aggregation and the size
-# of the mismatch between π and μ:
+# `vespo`, `gspo`) rescale whole responses. Grey rows are groups of G = 4 responses that all
+# got the same reward: GRPO gives them A = 0, no signal whatever the mapping. Choose the
+# mapping, the aggregation and the size of the mismatch between π and μ:
 
 
 # %%
@@ -741,13 +756,15 @@ def weight_map(name="ppo_clip", aggregation="seq-mean-token-mean", mismatch=0.4,
         log_softmax_np(theta_np)[positions, toks]
         - log_softmax_np(behaviour_logits)[positions, toks]
     )
+    lams = {
+        which: Estimator(
+            which, aggregation=aggregation, advantage="grpo", group_size=G
+        ).token_weights(log_ratio, msk, rew)
+        for which in (compare, name)
+    }
+    scale = max(np.max(np.abs(lam)) for lam in lams.values()) or 1.0
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
-    lams = {}
-    for ax, which in zip(axes, (compare, name)):
-        est = Estimator(which, aggregation=aggregation, advantage="grpo", group_size=G)
-        lam = est.token_weights(log_ratio, msk, rew)
-        lams[which] = lam
-        scale = np.max(np.abs(lams[compare])) or 1.0
+    for ax, (which, lam) in zip(axes, lams.items()):
         image = ax.imshow(
             np.where(msk, lam, np.nan), cmap="RdBu_r", vmin=-scale, vmax=scale, aspect="auto"
         )
@@ -788,11 +805,12 @@ lams = interact(
 #    both against `theory.vespo_phi_max` and `theory.vespo_K` by a brute-force maximum for a
 #    few (c₁, c₂). What happens to K for c₁ < 1?
 # 4. **Predict, then check: several epochs.** PPO-style trainers take several gradient steps
-#    on the same batch. Take `ppo_clip` on the batch of section 6 and do 5 steps of gradient
-#    descent (step size 2) with (a) the surrogate loss, recomputed at every step, and (b)
-#    the weighted SFT loss with λ frozen at the first step. Before running it, predict which
-#    one moves the ratios r further from 1. Then compare the largest |log r| and the
-#    fraction of clipped tokens after each step.
+#    on the same batch. On a fresh on-policy batch of the tabular policy of section 6 (μ = π
+#    at the start, as in PPO's first epoch), take 6 steps of gradient descent (step size 5)
+#    with `ppo_clip` as (a) the surrogate loss, recomputed at every step, and (b) the
+#    weighted SFT loss with λ frozen at the first step. Before running it, predict which one
+#    moves the ratios r further from 1. Then compare the largest |log r| and the fraction of
+#    clipped tokens after each step.
 # 5. **Masks vs truncations.** Classify the 22 scalar mappings with their φ on a grid of
 #    ratios: which can give c = 0 (for which sign of A), which are bounded above, which are
 #    continuous? Compare with the table of section 2.

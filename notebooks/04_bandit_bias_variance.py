@@ -28,7 +28,7 @@
 # - Choose a knob by minimising the exact MSE — the way one tunes GAE's $\lambda$ — and watch
 #   the optimum move with $\chi^2$.
 #
-# **Runtime**: about 15 s with full sizes, about 8 s with `SIMKIT_FAST=1` (one CPU core,
+# **Runtime**: about 10 s with full sizes, about 8 s with `SIMKIT_FAST=1` (one CPU core,
 # kernel start included). Everything below is exact except one Monte Carlo check.
 #
 # **Prerequisites**: notebooks 01 (divergences, `shifts.dial`), 02 (importance sampling,

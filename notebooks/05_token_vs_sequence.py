@@ -28,7 +28,7 @@
 #   masking and GSPO's length conflation.
 # - Compute the length at which the MSE of sequence IS overtakes that of token IS.
 #
-# **Runtime**: about 25 s with full sizes, about 10 s with `SIMKIT_FAST=1` (one CPU core,
+# **Runtime**: about 20 s with full sizes, about 8 s with `SIMKIT_FAST=1` (one CPU core,
 # kernel start included).
 #
 # **Prerequisites**: notebooks 02 (importance sampling, ESS, $\hat k$) and 04 (bias, variance,

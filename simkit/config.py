@@ -114,6 +114,7 @@ __all__ = [
     "estimator_params",
     "expand",
     "load_config",
+    "mismatch_to_dict",
     "run_cell",
     "run_train_cell",
     "to_toml",
@@ -859,7 +860,7 @@ def _mismatch_from_dict(d, path: str) -> Mismatch:
         _fail(path, _message(exc))
 
 
-def _mismatch_to_dict(m: Mismatch) -> dict:
+def mismatch_to_dict(m: Mismatch) -> dict:
     """The non-default fields of a mismatch (TOML has no None; the defaults are implied)."""
     default = Mismatch()
     return _plain({k: v for k, v in m.to_dict().items() if v != getattr(default, k)})
@@ -1064,7 +1065,7 @@ class TrainSweepConfig:
         d["record_every"] = self.record_every
         d["seeds"] = list(self.seeds)
         d["environment"] = self.environment.to_dict()
-        d["mismatch"] = [_mismatch_to_dict(m) for m in self.mismatch]
+        d["mismatch"] = [mismatch_to_dict(m) for m in self.mismatch]
         d["estimators"] = [e.to_dict() for e in self.estimators]
         return _plain(d)
 

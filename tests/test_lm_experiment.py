@@ -135,6 +135,35 @@ def test_per_sample_gradients_vmap_equals_loop(model):
     )
 
 
+def test_head_scores_equal_autograd(model):
+    """The closed-form scores of the final norm weight and the untied lm_head equal the
+    autograd Jacobian (float32 RMSNorm inside the float64 model: float32 rounding)."""
+    gen = torch.Generator().manual_seed(6)
+    ids = torch.randint(0, 64, (4, 9), generator=gen)
+    names = X.select_parameters(model, "lm_head,norm")
+    assert X.head_parameter_names(model) == ("model.norm.weight", "lm_head.weight")
+    assert X.resolve_grad_method(model, names, "auto") == "head"
+    fast = X.per_token_scores(model, names, ids, 3, method="head")
+    slow = X.per_token_scores(model, names, ids, 3, method="vmap")
+    assert fast.shape == (4, 6, 32 + 64 * 32)
+    torch.testing.assert_close(fast, slow, rtol=1e-6, atol=1e-6 * float(slow.abs().max()))
+    lam = torch.randn(4, 6, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(
+        X.per_sample_gradients(model, names, ids, 3, lam, method="head"),
+        X.per_sample_gradients(model, names, ids, 3, lam, method="loop"),
+        rtol=1e-6,
+        atol=1e-6 * float(slow.abs().max()),
+    )
+    # other parameters: auto falls back to vmap, and head names what it cannot do
+    assert X.resolve_grad_method(model, X.select_parameters(model, "last_mlp"), "auto") == "vmap"
+    with pytest.raises(ValueError, match="grad method 'head'"):
+        X.per_token_scores(model, X.select_parameters(model, "last_mlp"), ids, 3, method="head")
+    tied = models.tiny_llama(seed=1, tie_word_embeddings=True)
+    assert X.head_parameter_names(tied) == ("model.norm.weight",)
+    with pytest.raises(ValueError, match="method must be one of"):
+        X.per_token_scores(model, names, ids, 3, method="fast")
+
+
 def test_contraction_equals_backprop_of_the_torch_loss(model):
     """ĝ = Σ λ S with λ = −∂loss/∂log π equals −∇θ loss backpropagated through the model."""
     from simkit.lm import losses

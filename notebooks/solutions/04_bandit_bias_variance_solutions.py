@@ -20,7 +20,7 @@
 # (sums over the bandit's finite support), so the checks compare numbers to 1e-12 or check
 # inequalities, with no sampling tolerance.
 #
-# **Runtime**: about 6 s at full size, about 5 s with `SIMKIT_FAST=1` (kernel start included,
+# **Runtime**: about 5 s at full size and with `SIMKIT_FAST=1` (kernel start included,
 # one CPU core).
 
 # %%

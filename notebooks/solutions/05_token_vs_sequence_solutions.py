@@ -20,7 +20,7 @@
 # 1e-10; the one Monte Carlo check (exercise 3) uses a fixed seed and a tolerance of z = 4
 # binomial standard errors at the true fraction.
 #
-# **Runtime**: about 6 s at full size, about 5 s with `SIMKIT_FAST=1` (kernel start included,
+# **Runtime**: about 7 s at full size, about 5 s with `SIMKIT_FAST=1` (kernel start included,
 # one CPU core).
 
 # %%

@@ -2,8 +2,9 @@
 
 **The study** (:func:`gradient_study`). A policy π (a causal LM), a behaviour μ derived from it
 (:class:`Behaviour`: a logit transform such as a temperature, and/or another model such as a
-stale or noisy copy), prompts with a verifiable reward (:mod:`simkit.lm.tasks`). Every
-estimator of the catalogue is the weighted policy gradient of the reference sheet
+stale or noisy copy; the generators of :mod:`simkit.lm.mismatch` build them), prompts with a
+verifiable reward (:mod:`simkit.lm.tasks`). Every estimator of the catalogue is the weighted
+policy gradient of the reference sheet
 
     ĝ = Σ_i Σ_t λ_{i,t} ∇θ log π(y_{i,t} | x_i, y_{i,<t}),     y_i ~ μ(·|x_i),
 
@@ -11,8 +12,10 @@ with λ = −∂loss/∂log π taken from the torch loss a trainer would call
 (:func:`simkit.lm.losses.policy_loss`, ``loss_path="torch"``) or, equivalently, c·A/Z from the
 numpy registry (``loss_path="numpy"``). θ is a chosen parameter subset (:func:`select_parameters`:
 ``lm_head``, ``norm``, ``last_layer``, ``last_mlp`` or explicit names). The per-token scores
-∇θ log π(y_t|…) of a batch are computed once (:func:`per_token_scores`, ``torch.func``
-``vmap(jacrev(functional_call))`` or a loop of backward passes), so every estimator of the
+∇θ log π(y_t|…) of a batch are computed once (:func:`per_token_scores`: in closed form from the
+final hidden states for the final norm weight and an untied lm_head (:func:`head_scores`, one
+forward pass), else ``torch.func`` ``vmap(jacrev(functional_call))`` or a loop of backward
+passes), so every estimator of the
 batch costs one contraction ĝ = einsum(λ, S): all estimators see the same batches (common random
 numbers), as in :func:`simkit.experiment.run`.
 
@@ -27,9 +30,13 @@ tr(Σ_g)/R + tr(Σ_u)/M (both means are noisy). The table reports ``bias_sq`` = 
 tr(Σ̂_g)/R − tr(Σ̂_u)/M (unbiased: Σ̂ are the unbiased sample covariances; it can be negative),
 ``bias`` = √max(bias_sq, 0), and ``bias_sq_se``, its standard error under the Gaussian
 approximation Var‖Δ̂‖² = 2·tr(Σ²) + 4·ΔᵀΣΔ with Σ = Σ_g/R + Σ_u/M (traces of squared covariances
-from Gram matrices, without forming D×D matrices). ``bias_lo``/``bias_hi`` come from a
-confidence ball for E ĝ − ∇J (radius: the ``level`` quantile of ‖Δ̂* − Δ̂‖ over a bootstrap that
-resamples the batches and the reference draws independently), as in :mod:`simkit.experiment`.
+from Gram matrices, without forming D×D matrices). ``bias_lo``/``bias_hi`` are
+√max(bias_sq ∓ z·bias_sq_se, 0) (z the normal quantile of ``level``); ``bias_dir_lo``/``_hi``
+come from a confidence ball for E ĝ − ∇J (radius: the ``level`` quantile of ‖Δ̂* − Δ̂‖ over a
+bootstrap that resamples the batches and the reference draws independently), as in
+:mod:`simkit.experiment`. The reference carries its own standard error: ``ref_se`` =
+√(tr Σ̂_u/M) (the root-mean-square error of ∇̂J, summed over the D coordinates) and
+``ref_variance`` = tr Σ̂_u.
 
 Columns (the same tidy layout as :func:`simkit.experiment.run`, ``exact=False``): ``estimator``,
 ``mapping``, ``aggregation``, ``advantage``, ``group_size``, ``adv_eps``, ``max_length``, the
@@ -38,7 +45,8 @@ mapping hyperparameters, the setting, ``T`` (max response length), ``n``, ``reps
 averaged over μ's tokens), ``chi2_seq``/``kl_seq``/``tv_seq`` (Monte Carlo from μ's draws:
 E_μ W² − 1, E_μ[W log W], ½E_μ|W − 1|, W = π(y)/μ(y)), ``bias``, ``bias_dir``, ``cosine``,
 ``variance``, ``mse``, ``snr``, ``ess`` (each with ``_lo``/``_hi``), ``khat``, ``exact``, and
-``bias_sq``, ``bias_sq_se``, ``grad_norm`` (debiased ‖∇J‖), ``ref_variance``.
+``bias_sq``, ``bias_sq_se``, ``grad_norm`` (debiased ‖∇J‖), ``ref_variance``, ``ref_se``, ``J``
+(the pilot estimate of J(π)), and ``behaviour``, ``strength`` (μ's generator and knob).
 
 **The comparison** (:func:`simulation_twin`, :func:`predict`, :func:`compare`,
 :func:`rank_agreement`). A state-independent token MDP (:meth:`simkit.envs.TokenMDP.iid`) with the
@@ -158,10 +166,11 @@ class Behaviour:
 
 
 def temperature_behaviour(tau: float) -> Behaviour:
-    """μ = softmax(logits/τ) (sampling temperature τ > 0; τ = 1 is on-policy)."""
-    if not (isinstance(tau, int | float) and math.isfinite(tau) and tau > 0):
-        raise ValueError(f"temperature tau must be a finite number > 0, got {tau!r}")
-    return Behaviour(transform=lambda z: z / tau, name="temperature", strength=float(tau))
+    """μ = softmax(logits/τ) (sampling temperature τ > 0; τ = 1 is on-policy): the behaviour
+    of :class:`simkit.lm.mismatch.Temperature`."""
+    from simkit.lm.mismatch import Temperature
+
+    return Temperature(tau).prepare(None).behaviour
 
 
 def resolve_behaviour(
@@ -177,10 +186,11 @@ def resolve_behaviour(
 
     Accepts None (on-policy: μ = π = ``model``), a :class:`Behaviour` or a number (a
     temperature τ) — π is ``model`` —, a spec string of :func:`simkit.lm.mismatch.parse`
-    (``"temperature:1.3"``, ``"staleness:4"``), a generator of :mod:`simkit.lm.mismatch` (anything with
-    ``prepare(model, task=…, tokenizer=…, eos_token_id=…, max_new_tokens=…)``; a staleness
-    generator *trains* π away from ``model``, which stays the behaviour), or an already prepared
-    :class:`simkit.lm.mismatch.MismatchPair` (anything with ``target`` and ``behaviour``).
+    (``"temperature:1.3"``, ``"staleness:4"``), a generator of :mod:`simkit.lm.mismatch`
+    (anything with ``prepare(model, task=…, tokenizer=…, eos_token_id=…, max_new_tokens=…)``;
+    a staleness generator *trains* π away from ``model``, which stays the behaviour), or an
+    already prepared :class:`simkit.lm.mismatch.MismatchPair` (anything with ``target`` and
+    ``behaviour``).
     """
     if isinstance(behaviour, str):
         from simkit.lm import mismatch
@@ -198,8 +208,9 @@ def resolve_behaviour(
             eos_token_id=eos_token_id,
             max_new_tokens=max_new_tokens,
         )
-    if hasattr(behaviour, "target") and isinstance(getattr(behaviour, "behaviour", None), Behaviour):
-        return behaviour.target, behaviour.behaviour
+    prepared = getattr(behaviour, "behaviour", None)
+    if hasattr(behaviour, "target") and isinstance(prepared, Behaviour):
+        return behaviour.target, prepared
     raise TypeError(
         "behaviour must be None, a temperature (float), a simkit.lm.experiment.Behaviour, a "
         "simkit.lm.mismatch generator or MismatchPair; got "
@@ -717,9 +728,9 @@ def gradient_metrics(
     ``cosine`` = cos(ḡ, ∇̂J) (plug-in); ``variance`` = tr Σ̂_g; ``mse`` = bias² + variance;
     ``snr`` = (‖ḡ‖² − variance/R)/variance; ``ess`` = n·(Σ|c|)²/(Σc²·#tokens)
     (:func:`simkit.experiment.effective_sample_size`); ``khat`` of |c|. Bounds at ``level``:
-    bias and bias_dir from the confidence ball; the others percentile bootstrap over
-    batches and reference draws resampled independently (``boot_weights`` = (W_g (B, R),
-    W_u (B, M)) to share resamples between estimators).
+    bias from bias_sq ± z·bias_sq_se, bias_dir from the bootstrap confidence ball; the others
+    percentile bootstrap over batches and reference draws resampled independently
+    (``boot_weights`` = (W_g (B, R), W_u (B, M)) to share resamples between estimators).
     """
     g = np.asarray(gradients, dtype=np.float64)
     u = np.asarray(reference_samples, dtype=np.float64)
@@ -951,7 +962,16 @@ def _describe(est: Estimator) -> dict:
 
 
 _METRIC_COLUMNS = [c for k in _experiment.BOUNDED_METRICS for c in (k, f"{k}_lo", f"{k}_hi")]
-_EXTRA_COLUMNS = ["khat", "exact", "bias_sq", "bias_sq_se", "grad_norm", "ref_variance", "J"]
+_EXTRA_COLUMNS = [
+    "khat",
+    "exact",
+    "bias_sq",
+    "bias_sq_se",
+    "grad_norm",
+    "ref_variance",
+    "ref_se",
+    "J",
+]
 _RESERVED = {
     "estimator",
     "mapping",
@@ -1252,6 +1272,7 @@ def gradient_study(
                 "bias_sq_se": metrics["bias_sq_se"],
                 "grad_norm": grad_norm,
                 "ref_variance": metrics["ref_variance"],
+                "ref_se": math.sqrt(metrics["ref_variance"] / n_ref),
                 "J": J,
             }
         )
@@ -1311,37 +1332,104 @@ def gradient_study(
 # --- comparison with the simulation ----------------------------------------------------------
 
 
+def hazards_from_running(running) -> np.ndarray:
+    """Per-position stopping probabilities h_t = P(length = t + 1 | length > t) from the
+    fraction of responses still running at each position (``running`` (T,), running[0] = 1,
+    non-increasing): h_t = 1 − running[t+1]/running[t] for t < T − 1; the last position (whose
+    stop is not observed: responses are cut at T) repeats h_{T−2}. Positions no response
+    reaches get h = 1. Clipped to [0, 1 − 1e-6] (a twin needs some mass on every token)."""
+    r = np.asarray(running, dtype=np.float64)
+    if r.ndim != 1 or r.size < 1 or not np.all(np.isfinite(r)) or np.any((r < 0) | (r > 1)):
+        raise ValueError(f"running must be a non-empty 1-d array of fractions in [0, 1], got {r!r}")
+    if r[0] <= 0 or np.any(np.diff(r) > 1e-12):
+        raise ValueError("running must start > 0 and be non-increasing (fractions still running)")
+    T = r.size
+    h = np.ones(T)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        h[:-1] = np.where(r[:-1] > 0, 1.0 - r[1:] / r[:-1], 1.0)
+    h[-1] = h[-2] if T > 1 else 0.0
+    return np.clip(h, 0.0, 1.0 - 1e-6)
+
+
 def simulation_twin(
     chi2_profile,
     J: float,
     V: int = 2,
     shift_family: str = "logit_noise",
+    running=None,
 ) -> tuple[TokenMDP, np.ndarray]:
-    """A token MDP with the LM's length, reward rate and per-position χ² profile, and its μ.
+    """A token MDP with the LM's length distribution, reward rate and per-position χ² profile.
 
-    :meth:`simkit.envs.TokenMDP.iid` with T = len(``chi2_profile``) positions (fixed length),
-    V tokens, reward R = 1{the answer token appears}: π(answer) = a at every position with
-    1 − (1 − a)^T = J (so J(π) matches the LM's reward rate; the other V − 1 tokens share
-    1 − a equally), and μ_t = ``shifts.dial(π_t, χ²_t, "chi2", family=shift_family)`` so that
-    χ²(π_t‖μ_t) equals the LM's measured χ² at position t (averaged over its states). Returns
-    ``(env, mu)`` with mu (T, 1, V). J must be in (0, 1) (a reward that never or always fires
-    carries no gradient).
+    :meth:`simkit.envs.TokenMDP.iid` with T = len(``chi2_profile``) positions and reward
+    R = 1{the answer token (0) appears}. Without ``running`` (or when every response runs to
+    T) the length is T and the V tokens are: the answer with π(answer) = a at every position,
+    1 − (1 − a)^T = J, and V − 1 others sharing 1 − a. With a ``running`` profile (the fraction
+    of the LM's responses still running at each position, :attr:`StudyResult.profile`) token
+    V − 1 is an EOS with π_t(EOS) = h_t (:func:`hazards_from_running`), so the twin's lengths
+    follow the LM's; the answer has π_t(answer) = a·(1 − h_t) with a solved (``brentq``) so
+    that J(π) = ``J``; V ≥ 3 then. μ_t = ``shifts.dial(π_t, χ²_t, "chi2",
+    family=shift_family)``, so χ²(π_t‖μ_t) equals the LM's χ² at position t (positions without
+    tokens, NaN in the profile, get μ_t = π_t). J must be in (0, 1) (a reward that never or
+    always fires carries no gradient). Returns ``(env, mu)`` with mu (T, 1, V).
+
+    The LM's profile and lengths are measured under μ (its responses); the twin uses them for
+    π, an approximation of order the mismatch itself.
     """
     chi2 = np.asarray(chi2_profile, dtype=np.float64)
-    if chi2.ndim != 1 or chi2.size < 1 or not np.all(np.isfinite(chi2)) or np.any(chi2 < 0):
+    if chi2.ndim != 1 or chi2.size < 1 or np.any(chi2[np.isfinite(chi2)] < 0):
+        raise ValueError(f"chi2_profile must be a non-empty 1-d array of values >= 0, got {chi2!r}")
+    if np.any(np.isinf(chi2)):
         raise ValueError(
-            f"chi2_profile must be a non-empty 1-d array of finite values >= 0, got {chi2!r}"
+            "chi2_profile has infinite values (μ misses tokens π emits, e.g. top-p): no twin "
+            "μ can reach them; compare a behaviour with finite χ²"
         )
+    chi2 = np.where(np.isnan(chi2), 0.0, chi2)
     if not 0 < J < 1:
         raise ValueError(f"J must be in (0, 1) to carry a gradient, got {J}")
     V = _int_at_least(V, 2, "V")
     T = chi2.size
-    a = -math.expm1(math.log1p(-J) / T)
-    row = np.full(V, (1.0 - a) / (V - 1))
-    row[0] = a
-    logits = np.broadcast_to(np.log(row), (T, 1, V)).copy()
-    env = TokenMDP.iid(V=V, T=T, answer=0, logits=logits)
-    mu = shifts.dial(env.pi[:, 0, :], chi2, "chi2", family=shift_family)
+    h = None
+    if running is not None:
+        h = hazards_from_running(running)
+        if h.shape != (T,):
+            raise ValueError(f"running must have the length of chi2_profile ({T}), got {h.size}")
+        if np.all(h[:-1] == 0):
+            h = None  # every response runs to T: fixed length
+    if h is None:
+        a = -math.expm1(math.log1p(-J) / T)
+        row = np.full(V, (1.0 - a) / (V - 1))
+        row[0] = a
+        logits = np.broadcast_to(np.log(row), (T, 1, V)).copy()
+        env = TokenMDP.iid(V=V, T=T, answer=0, logits=logits)
+    else:
+        if V < 3:
+            raise ValueError(
+                f"a twin with variable length needs V >= 3 (answer, other, EOS), got {V}"
+            )
+        from scipy.optimize import brentq
+
+        h = np.clip(h, 1e-9, None)  # finite logits: EOS is possible, if very rarely
+
+        def build(a):
+            rows = np.empty((T, 1, V))
+            rows[:, 0, 0] = a * (1.0 - h)
+            rows[:, 0, 1:-1] = ((1.0 - a) * (1.0 - h) / (V - 2))[:, None]
+            rows[:, 0, -1] = h
+            return TokenMDP.iid(V=V, T=T, answer=0, eos=V - 1, logits=np.log(rows))
+
+        top = build(1.0 - 1e-12).J()
+        if J >= top:
+            raise ValueError(
+                f"J = {J} is not reachable with this length profile (at most {top:.4g}: the "
+                "answer must come before the first EOS)"
+            )
+        a = brentq(lambda x: build(x).J() - J, 1e-12, 1.0 - 1e-12, xtol=1e-14, rtol=1e-12)
+        env = build(a)
+    pi = env.pi[:, 0, :]
+    mu = pi.copy()
+    moved = chi2 > 0
+    if moved.any():
+        mu[moved] = shifts.dial(pi[moved], chi2[moved], "chi2", family=shift_family)
     return env, mu[:, None, :]
 
 

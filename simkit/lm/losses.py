@@ -99,7 +99,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -191,6 +191,7 @@ class _Batch:
     log_s: torch.Tensor
     lr_min: float
     lr_max: float
+    cache: dict = field(default_factory=dict)
 
     def per_row(self, value_pos: float, value_neg: float) -> torch.Tensor:
         """(N,) tensor: ``value_pos`` on rows with A >= 0, ``value_neg`` on the others."""
@@ -202,8 +203,19 @@ class _Batch:
         """r = exp(min(log r, cap)) (N, T), differentiable with ∂r/∂log r = r also above the cap
         (:func:`capped_exp`); a plain ``exp`` when no log-ratio exceeds the cap."""
         if self.lr_max <= cap:
-            return torch.exp(self.log_ratio)
+            r = torch.exp(self.log_ratio)
+            self.cache["r"] = r.detach()  # the metrics reuse it
+            return r
         return capped_exp(self.log_ratio, cap)
+
+    def ratio_value(self, log_ratio: torch.Tensor, cap: float) -> torch.Tensor:
+        """exp(min(``log_ratio``, cap)) without autograd, for a kernel that computes its own
+        derivative; ``log_ratio`` is this batch's (its detached values)."""
+        if self.lr_max <= cap:
+            r = torch.exp(log_ratio)
+            self.cache["r"] = r
+            return r
+        return torch.exp(torch.clamp(log_ratio, max=cap))
 
     def count_flags(self, flags: torch.Tensor) -> torch.Tensor:
         """Number of True entries of ``flags`` (N, T) bool, which must be False wherever the
@@ -269,6 +281,77 @@ def capped_exp(x: torch.Tensor, cap: float) -> torch.Tensor:
     return _CappedExp.apply(x, cap)
 
 
+class _BandClamp(torch.autograd.Function):
+    """(clamp(x, lo, hi), x outside [lo, hi]) with backward grad·1[lo <= x <= hi] read from the
+    kept outside-mask (the backward of ``torch.clamp`` recomputes two comparisons and a select:
+    several times slower on CPU). ``lo``, ``hi`` broadcastable tensors, never differentiated."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, lo, hi):
+        y = torch.clamp(x, lo, hi)
+        return y, y != x
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.mark_non_differentiable(output[1])
+        ctx.save_for_backward(output[1])
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        (outside,) = ctx.saved_tensors
+        inside = torch.logical_not(outside).view(torch.uint8).to(grad.dtype)
+        return grad * inside, None, None
+
+
+def band_clamp(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
+    """``(clamp(x, lo, hi), outside)``: the clamped values, differentiable with derivative
+    1[lo <= x <= hi] (as ``torch.clamp``), and the bool tensor x ∉ [lo, hi]. Any shapes that
+    broadcast (e.g. x (N, T), lo/hi (N, 1))."""
+    if not x.requires_grad:
+        y = torch.clamp(x, lo, hi)
+        return y, y != x
+    return _BandClamp.apply(x, lo, hi)
+
+
+class _AnalyticSurrogate(torch.autograd.Function):
+    """A surrogate F(log r) and its derivative c = ∂F/∂log r computed together by the kernel;
+    the backward is one multiplication grad·c (instead of the backward of every elementary
+    operation of F). ``value_and_derivative(log_ratio) -> (F, c)`` runs without autograd."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(log_ratio, value_and_derivative):
+        value, derivative = value_and_derivative(log_ratio)
+        return value, derivative
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.mark_non_differentiable(output[1])
+        ctx.save_for_backward(output[1])
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        (derivative,) = ctx.saved_tensors
+        return grad * derivative, None
+
+
+def analytic_surrogate(
+    log_ratio: torch.Tensor,
+    value_and_derivative: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+) -> torch.Tensor:
+    """The surrogate F = ``value_and_derivative(log_ratio)[0]`` (N, T), differentiable w.r.t.
+    ``log_ratio`` with ∂F_t/∂log r_t = ``value_and_derivative(log_ratio)[1]`` (token t's own
+    log-ratio only, as every per-token surrogate here). The pair must be F and its exact
+    derivative; the tests check both against :mod:`simkit.mappings` (values and ``c``)."""
+    if not log_ratio.requires_grad:
+        with torch.no_grad():
+            return value_and_derivative(log_ratio)[0]
+    return _AnalyticSurrogate.apply(log_ratio, value_and_derivative)[0]
+
+
 def _log(x: float) -> float:
     """log x with log 0 = −inf (and a negative bound below every ratio: −inf)."""
     return math.log(x) if x > 0 else -math.inf
@@ -302,7 +385,7 @@ def _naive(m, b: _Batch) -> _Terms:
 
 
 def _is_token(m, b: _Batch) -> _Terms:
-    return _Terms(tok=capped_exp(b.log_ratio, m.max_log_ratio))
+    return _Terms(tok=b.ratio(m.max_log_ratio))
 
 
 def _is_seq(m, b: _Batch) -> _Terms:
@@ -344,9 +427,18 @@ def _clip_band(m, b: _Batch) -> _Terms:
     (and dual clip's max(·, c_dual·A) for A < 0). ∂F/∂log r = r inside [lo, hi], 0 outside."""
     c_dual = getattr(m, "c_dual", math.inf)
     lo, hi = _row_bounds(b, -math.inf, 1.0 + m.eps_high, 1.0 - m.eps_low, c_dual)
-    r = capped_exp(b.log_ratio, m.max_log_ratio)
-    F = torch.clamp(r, lo, hi)
-    return _Terms(tok=F, n_clipped=lambda: b.count_tokens(F.detach() != r.detach()))
+    r = b.ratio(m.max_log_ratio)
+    F, outside = band_clamp(r, lo, hi)
+    finite_highs = [h for h in (1.0 + m.eps_high, c_dual) if math.isfinite(h)]
+    if b.lr_max > m.max_log_ratio and any(math.log(h) > m.max_log_ratio for h in finite_highs):
+        # a capped r = e^cap can sit inside the band while log r is above it: the band is
+        # decided on the log-ratio itself, as in simkit.mappings (only for tiny caps)
+        log_hi = b.per_row(math.log1p(m.eps_high), _log(c_dual))[:, None]
+        above = b.log_ratio.detach() > log_hi
+        F = torch.where(above, hi, F)
+        outside = outside | above
+    # lo <= 1 <= hi: a padded position (r = 1) is never flagged
+    return _Terms(tok=F, n_clipped=lambda: b.count_flags(outside))
 
 
 def _gspo(m, b: _Batch) -> _Terms:
@@ -368,23 +460,35 @@ def _gmpo(m, b: _Batch) -> _Terms:
     the clipped values); F_t = exp(sg(log R) + (ℓ_t − sg(ℓ_t))) with ℓ_t the clipped log-ratio,
     whose derivative is 1 where token t is not clipped: c_t = R·1[not clipped]."""
     lo, hi = _row_bounds(b, -math.inf, m.eps_high, -m.eps_low, math.inf)
-    clipped_lr = torch.clamp(b.log_ratio, lo, hi)  # padding: clamp(0) = 0
     with torch.no_grad():
+        lr = b.log_ratio.detach()
+        clipped_lr = torch.clamp(lr, lo, hi)  # padding: clamp(0) = 0
+        clipped = clipped_lr != lr
         log_R = clipped_lr.sum(dim=1) / b.lengths.clamp(min=1)
-        log_R = torch.clamp(log_R, max=m.max_log_ratio)
-    F = torch.exp(log_R[:, None] + (clipped_lr - clipped_lr.detach()))
-    return _Terms(
-        tok=F, n_clipped=lambda: b.count_tokens(clipped_lr.detach() != b.log_ratio.detach())
-    )
+        R = torch.exp(torch.clamp(log_R, max=m.max_log_ratio))[:, None]
+
+    def value_and_derivative(_):
+        kept = torch.logical_not(clipped).view(torch.uint8).to(R.dtype)
+        return R.expand(clipped.shape), kept.mul_(R)
+
+    F = analytic_surrogate(b.log_ratio, value_and_derivative)
+    return _Terms(tok=F, n_clipped=lambda: b.count_flags(clipped))
 
 
 def _sapo(m, b: _Batch) -> _Terms:
     """SAPO: F = (4/τ)·σ(τ(r − 1)), τ = τ_pos (A >= 0) or τ_neg (A < 0)."""
     tau = b.per_row(m.tau_pos, m.tau_neg)[:, None]
-    r = capped_exp(b.log_ratio, m.max_log_ratio)
-    # σ(x) as exp(logsigmoid(x)): its backward uses the stable σ(−x) = e^{−|x|}/(1+e^{−|x|}),
-    # where sigmoid's σ(1 − σ) loses every digit of 1 − σ once σ rounds to 1
-    return _Terms(tok=(4.0 / tau) * torch.exp(torch.nn.functional.logsigmoid(tau * (r - 1.0))))
+
+    def value_and_derivative(lr):
+        # c = r·F'(r) = 4r·σ(x)·σ(−x), x = τ(r − 1): both sigmoids are accurate in their tails,
+        # where σ(x)·(1 − σ(x)) would lose every digit of 1 − σ
+        r = b.ratio_value(lr, m.max_log_ratio)
+        x = (r - 1.0).mul_(tau)
+        s = torch.sigmoid(x)
+        c = torch.sigmoid(x.neg_()).mul_(s).mul_(r).mul_(4.0)
+        return s.mul_(4.0 / tau), c
+
+    return _Terms(tok=analytic_surrogate(b.log_ratio, value_and_derivative))
 
 
 def _luffy(m, b: _Batch) -> _Terms:
@@ -392,8 +496,15 @@ def _luffy(m, b: _Batch) -> _Terms:
     cancellation; κ = (1+γ)²/γ with ``normalize`` (c(1) = 1), else 1."""
     gamma = m.gamma
     scale = (1.0 + gamma) ** 2 / gamma if m.normalize else 1.0
-    r = capped_exp(b.log_ratio, m.max_log_ratio)
-    return _Terms(tok=scale * (1.0 - gamma / (r + gamma)))
+
+    def value_and_derivative(lr):
+        r = b.ratio_value(lr, m.max_log_ratio)
+        d = r + gamma
+        q = r / d  # r/(r + γ) in [0, 1)
+        c = (q / d).mul_(scale * gamma)  # κγr/(r + γ)²
+        return q.mul_(scale), c
+
+    return _Terms(tok=analytic_surrogate(b.log_ratio, value_and_derivative))
 
 
 def _aspo(m, b: _Batch) -> _Terms:
@@ -405,15 +516,21 @@ def _aspo(m, b: _Batch) -> _Terms:
     log_cap = math.log(m.c_dual)
     sign = b.per_row(-1.0, 1.0)[:, None]
     lo, hi = _row_bounds(b, -math.inf, math.log1p(m.eps_high), _log(1.0 - m.eps_low), log_cap)
-    banded = torch.clamp(lr, lo, hi)
     with torch.no_grad():
-        log_weight = torch.clamp(sign * lr, max=log_cap)
-    F = torch.exp(log_weight + (banded - banded.detach()))
+        outside = torch.clamp(lr.detach(), lo, hi) != lr.detach()
+
+    def value_and_derivative(lr):
+        weight = torch.exp(torch.clamp(lr * sign, max=log_cap))
+        inside = torch.logical_not(outside).view(torch.uint8).to(weight.dtype)
+        return weight, inside.mul_(weight)
+
+    F = analytic_surrogate(lr, value_and_derivative)
 
     def n_clipped():
-        outside = banded.detach() != lr.detach()
+        if -b.lr_min <= log_cap:  # no flipped weight reaches the cap
+            return b.count_flags(outside)
         capped = b.positive[:, None] & (-lr.detach() > log_cap)
-        return b.count_tokens(outside | capped)
+        return b.count_flags(outside | capped)
 
     return _Terms(tok=F, n_clipped=n_clipped)
 
@@ -421,8 +538,13 @@ def _aspo(m, b: _Batch) -> _Terms:
 def _clamped_ratio(b: _Batch, low: float, high: float, max_log_ratio: float) -> _Terms:
     """c_t = clip(r_t, low, high) as exp(clip(log r_t, log low, min(log high, cap)))."""
     lr = b.log_ratio
-    c = torch.exp(torch.clamp(lr, _log(low), min(_log(high), max_log_ratio)))
-    return _Terms(tok=c, n_clipped=lambda: b.count_tokens((lr < _log(low)) | (lr > _log(high))))
+    lo, hi = _log(low), _log(high)
+    if lo <= b.lr_min and hi >= b.lr_max:  # nothing to clip
+        return _Terms(tok=torch.exp(torch.clamp(lr, max=max_log_ratio)), n_clipped=None)
+    clipped_lr = torch.clamp(lr, lo, hi)
+    c = torch.exp(clipped_lr if hi <= max_log_ratio else torch.clamp(clipped_lr, max=max_log_ratio))
+    # low <= 1 <= high: a padded position (log r = 0) is never flagged
+    return _Terms(tok=c, n_clipped=lambda: b.count_flags(clipped_lr != lr))
 
 
 def _cispo(m, b: _Batch) -> _Terms:
@@ -443,8 +565,16 @@ def _mis_token(m, b: _Batch) -> _Terms:
     lr = b.log_ratio
     lo, hi = _log(m.c_low), _log(m.c_high)
     r = torch.exp(torch.clamp(lr, max=min(hi, m.max_log_ratio)))
-    keep = (lr >= lo) & (lr <= hi)
-    return _Terms(tok=r * keep.to(r.dtype), n_clipped=lambda: b.count_tokens(~keep))
+    if lo > b.lr_min and hi < b.lr_max:
+        dropped = (lr < lo) | (lr > hi)
+    elif lo > b.lr_min:
+        dropped = lr < lo
+    elif hi < b.lr_max:
+        dropped = lr > hi
+    else:  # every log-ratio is inside the band
+        return _Terms(tok=r, n_clipped=None)
+    # c_low <= 1 <= c_high: a padded position (log r = 0) is never dropped
+    return _Terms(tok=r.masked_fill(dropped, 0.0), n_clipped=lambda: b.count_flags(dropped))
 
 
 def _mis_seq(m, b: _Batch) -> _Terms:
@@ -460,7 +590,12 @@ def _geo_mask(m, b: _Batch) -> _Terms:
         return _Terms(seq=keepf, n_clipped=lambda: b.count_rows(~keep))
     lr = b.log_ratio
     c = torch.exp(torch.clamp(lr, max=min(_log(m.tis_c), m.max_log_ratio))) * keepf[:, None]
-    return _Terms(tok=c, n_clipped=lambda: b.count_tokens(~keep[:, None] | (lr > _log(m.tis_c))))
+
+    def n_clipped():
+        truncated = keep[:, None] & (lr > _log(m.tis_c))  # tis_c >= 1: never on padding
+        return b.count_rows(~keep) + b.count_flags(truncated)
+
+    return _Terms(tok=c, n_clipped=n_clipped)
 
 
 def _opsm(m, b: _Batch) -> _Terms:
@@ -480,7 +615,7 @@ def _token_veto(m, b: _Batch) -> _Terms:
 
 def _m2po(m, b: _Batch) -> _Terms:
     removed = m2po_removed(b.log_ratio, b.mask, b.positive, m.tau, m.trust_region_only)
-    r = capped_exp(b.log_ratio, m.max_log_ratio)
+    r = b.ratio(m.max_log_ratio)
     if removed is None:
         return _Terms(tok=r, n_clipped=lambda: torch.zeros((), device=r.device))
     F = r * (~removed).to(r.dtype)
@@ -690,16 +825,29 @@ def aggregation_scale(
     ``max_length`` (default T), which must be >= the longest row. A row (or batch) without valid
     tokens gets 0. Dtype float64 on the mask's device.
     """
+    _check_aggregation(agg, max_length)
+    if mask.ndim != 2:
+        raise ValueError(f"mask must have shape (N, T), got shape {tuple(mask.shape)}")
+    return _inverse_z(mask.sum(dim=1, dtype=torch.float64), mask.shape[1], agg, max_length)
+
+
+def _check_aggregation(agg: str, max_length) -> None:
     if agg not in AGGREGATIONS:
         raise ValueError(
             f"unknown aggregation {agg!r}; valid aggregations: {', '.join(AGGREGATIONS)}"
         )
-    if max_length is not None and agg != "seq-mean-token-sum-norm":
-        raise ValueError(
-            f"max_length applies to aggregation 'seq-mean-token-sum-norm' only, not {agg!r}"
-        )
-    N, T = mask.shape
-    lengths = mask.sum(dim=1, dtype=torch.float64)
+    if max_length is not None:
+        if agg != "seq-mean-token-sum-norm":
+            raise ValueError(
+                f"max_length applies to aggregation 'seq-mean-token-sum-norm' only, not {agg!r}"
+            )
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+            raise ValueError(f"max_length must be a positive integer, got {max_length!r}")
+
+
+def _inverse_z(lengths: torch.Tensor, T: int, agg: str, max_length: int | None) -> torch.Tensor:
+    """1/Z_i (N,) from the valid lengths (N,) (any float dtype; the result has it)."""
+    N = lengths.shape[0]
     zeros = torch.zeros_like(lengths)
     if agg == "token-mean":
         total = lengths.sum()
@@ -708,12 +856,7 @@ def aggregation_scale(
         return torch.where(lengths > 0, 1.0 / (N * lengths).clamp(min=1), zeros)
     if agg == "seq-mean-token-sum":
         return torch.full_like(lengths, 1.0 / N) if N else zeros
-    if max_length is None:
-        L_max = T
-    elif isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
-        raise ValueError(f"max_length must be a positive integer, got {max_length!r}")
-    else:
-        L_max = max_length
+    L_max = T if max_length is None else max_length
     longest = int(lengths.max()) if N else 0
     if longest > L_max:
         raise ValueError(
@@ -870,33 +1013,60 @@ def policy_loss(
         See the module docstring (:data:`METRICS`, plus ``khat`` for psis).
     """
     mapping = _build_mapping(name, preset, hyperparams)
+    _check_aggregation(agg, max_length)
     lp, old, mask, adv, dtype = _check_inputs(log_prob, old_log_prob, advantages, response_mask)
-    maskf = mask.to(dtype)
-    inv_z = aggregation_scale(mask, agg, max_length).to(dtype)
-    form = FORMS[mapping.name]
-
-    lp = lp.to(dtype)
-    if form == SURROGATE:
-        log_ratio = masked_values(lp - old, mask, maskf)
-    else:
-        with torch.no_grad():
-            log_ratio = torch.where(mask, lp - old, 0.0)
+    maskf = mask.view(torch.uint8).to(dtype)  # (a bool → float cast is several times slower)
     lengths = maskf.sum(dim=1)
+    inv_z = _inverse_z(lengths, mask.shape[1], agg, max_length)
+    surrogate = FORMS[mapping.name] == SURROGATE
+    lp = lp.to(dtype)
+
+    # log r = (log π − log μ)·mask: one multiplication, exact whenever every log π − log μ is
+    # finite (padding included); otherwise (±inf/NaN garbage somewhere) a select that keeps
+    # padded positions out of the values and of the gradient
+    with torch.set_grad_enabled(surrogate and torch.is_grad_enabled()):
+        log_ratio = (lp - old).mul_(maskf)
+    lr_min, lr_max = _extremes(log_ratio)
+    finite = math.isfinite(lr_min) and math.isfinite(lr_max)
+    if not finite:
+        with torch.set_grad_enabled(surrogate and torch.is_grad_enabled()):
+            log_ratio = torch.where(mask, lp - old, 0.0)
+        lr_min, lr_max = _extremes(log_ratio)
+        if math.isnan(lr_min) or math.isnan(lr_max):
+            raise ValueError(
+                "log_prob - old_log_prob is NaN on a valid token (e.g. -inf - (-inf)); check "
+                "log_prob and old_log_prob where response_mask is True"
+            )
     log_w = log_ratio.detach().sum(dim=1)
     log_s = log_w / lengths.clamp(min=1)  # 0 for an empty row (its log W is 0)
-    batch = _Batch(log_ratio, mask, maskf, adv >= 0, lengths, log_w, log_s)
+    batch = _Batch(
+        log_ratio, mask, maskf, adv >= 0, lengths, log_w, log_s, float(lr_min), float(lr_max)
+    )
 
     terms = _KERNELS[mapping.name](mapping, batch)
     row_weight = adv * inv_z  # A_i / Z_i
-    if form == SURROGATE:
-        loss = -((terms.tok * maskf).sum(dim=1) * row_weight).sum()
+    if surrogate:
+        with torch.no_grad():
+            token_weight = maskf * row_weight[:, None]
+        loss = -torch.dot(terms.tok.reshape(-1), token_weight.reshape(-1))
     else:
-        log_pi = masked_values(lp, mask, maskf)
-        if terms.seq is not None:
-            loss = -(log_pi.sum(dim=1) * (terms.seq.detach() * row_weight)).sum()
-        else:
-            loss = -((terms.tok.detach() * log_pi).sum(dim=1) * row_weight).sum()
+        with torch.no_grad():
+            if terms.seq is not None:
+                token_weight = maskf * (terms.seq * row_weight)[:, None]
+            else:
+                token_weight = (terms.tok * maskf).mul_(row_weight[:, None])
+        # the weights are 0 on padding; where log π may be non-finite there, zero it first
+        log_pi = lp if finite else torch.where(mask, lp, 0.0)
+        loss = -torch.dot(token_weight.reshape(-1), log_pi.reshape(-1))
     return loss, (_metrics(batch, terms) if compute_metrics else {})
+
+
+def _extremes(x: torch.Tensor) -> tuple[float, float]:
+    """(min, max) of a tensor as Python floats (NaN if it holds a NaN; 0, 0 if empty)."""
+    if x.numel() == 0:
+        return 0.0, 0.0
+    lo, hi = torch.aminmax(x.detach())
+    return tuple(torch.stack([lo, hi]).tolist())  # aminmax propagates NaN
 
 
 def _metrics(b: _Batch, terms: _Terms) -> dict[str, float]:
@@ -904,56 +1074,62 @@ def _metrics(b: _Batch, terms: _Terms) -> dict[str, float]:
     with torch.no_grad():
         lr = b.log_ratio.detach()
         N = lr.shape[0]
-        zero = torch.zeros((), dtype=lr.dtype, device=lr.device)
+        n_valid = max(lr.numel(), 1)
+        zero = torch.zeros((), dtype=torch.float64, device=lr.device)
         n_clipped = terms.n_clipped() if terms.n_clipped is not None else zero
-        if lr.numel():
-            # log Σ_valid r²: shifted by M = max(log r) over all positions (>= the valid max)
-            shift = lr.amax().clamp(-1e30, 1e30)  # finite even if every log r is −inf
-            sum_r2 = (lr - shift).mul_(2.0).exp_().mul_(b.maskf).sum()
-            token_stats = [torch.log(sum_r2) + 2.0 * shift, lr.abs().amax()]
-        else:
+        # Σ(r² − 1) and Σ(r − 1 − log r) over valid tokens (padding: log r = 0 adds 0). Direct
+        # sums of e = expm1(log r) when no e² can overflow the compute dtype (r² − 1 = e² + 2e),
+        # else in float64 with Σr² in log space (reported inf only beyond the float64 range)
+        limit = 0.5 * (math.log(torch.finfo(lr.dtype).max) - math.log(n_valid)) - 1.0
+        log_w = b.log_w.to(torch.float64)
+        if lr.numel() == 0:
             token_stats = [zero, zero]
-        if N:
-            seq_stats = [torch.logsumexp(2.0 * b.log_w, dim=0), torch.logsumexp(b.log_w, dim=0)]
+        elif b.lr_max <= limit:
+            r = b.cache["r"] if "r" in b.cache else torch.exp(lr)
+            e = (r - 1.0).reshape(-1)  # r − 1: 0 on padding
+            sum_e = e.sum()
+            # Σ(r² − 1) = Σ(e² + 2e); Σ(r − 1 − log r) = Σe − Σ log r (added up in float64)
+            token_stats = [torch.dot(e, e) + 2.0 * sum_e, sum_e.to(torch.float64) - log_w.sum()]
         else:
-            seq_stats = [zero, zero]
-        stats = [
-            n_clipped,
-            b.lengths.sum(),
-            b.log_w.sum(),  # Σ log r over valid tokens
-            torch.expm1(lr).sum(),  # Σ (r − 1) over valid tokens (padding: expm1(0) = 0)
-            *token_stats,
-            *seq_stats,
-            torch.expm1(b.log_w).sum(),  # Σ_i (W_i − 1)
-            torch.isnan(b.log_w).any(),
-        ]
+            lr64 = lr.to(torch.float64)
+            shift = max(b.lr_max, 0.0)
+            log_sum_r2 = torch.log(((lr64 - shift) * 2.0).exp_().mul_(b.maskf).sum()) + 2.0 * shift
+            token_stats = [log_sum_r2, (torch.expm1(lr64) - lr64).sum()]
+        if N:
+            seq_stats = [
+                torch.logsumexp(2.0 * log_w, dim=0),
+                torch.logsumexp(log_w, dim=0),
+                (torch.expm1(log_w) - log_w).sum(),
+            ]
+        else:
+            seq_stats = [zero, zero, zero]
+        stats = [n_clipped, b.lengths.sum(), log_w.sum(), *token_stats, *seq_stats]
         extra = terms.extra or {}
         stats += [v.to(lr.device) for v in extra.values()]
         values = torch.stack([s.to(torch.float64) for s in stats]).tolist()
-    clipped, n_tok, sum_lr, sum_rm1, lse2_tok, abs_max, lse2_seq, lse_seq, sum_wm1 = values[:9]
-    if values[9]:
-        raise ValueError(
-            "log_prob - old_log_prob is NaN on a valid token (e.g. -inf - (-inf)); check "
-            "log_prob and old_log_prob where response_mask is True"
-        )
+    clipped, n_tok, sum_lr, tok_a, sum_k3, lse2_seq, lse_seq, sum_k3_seq = values[:8]
     out = dict.fromkeys(METRICS, math.nan)
     if n_tok > 0:
+        if lr.numel() and b.lr_max <= limit:
+            chi2_tok = tok_a / n_tok
+        else:
+            chi2_tok = _expm1(tok_a - math.log(n_tok))
         out.update(
             clip_frac=clipped / n_tok,
-            chi2_tok=_expm1(lse2_tok - math.log(n_tok)),
+            chi2_tok=chi2_tok,
             kl_k1=-sum_lr / n_tok,
-            kl_k3=(sum_rm1 - sum_lr) / n_tok,
+            kl_k3=sum_k3 / n_tok,
             log_ratio_mean=sum_lr / n_tok,
-            log_ratio_abs_max=abs_max,
+            log_ratio_abs_max=max(abs(b.lr_min), abs(b.lr_max)),
         )
     if N > 0:
         out.update(
             ess=_exp(2.0 * lse_seq - lse2_seq - math.log(N)),
             chi2_seq=_expm1(lse2_seq - math.log(N)),
             kl_k1_seq=-sum_lr / N,
-            kl_k3_seq=(sum_wm1 - sum_lr) / N,
+            kl_k3_seq=sum_k3_seq / N,
         )
-    out.update(zip(extra, values[10:], strict=True))
+    out.update(zip(extra, values[8:], strict=True))
     return out
 
 

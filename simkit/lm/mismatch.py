@@ -269,7 +269,9 @@ class Precision(_Generator):
                 f"precision dtype must be one of {list(PRECISIONS)}, got {self.dtype!r}"
             )
         if self.scope not in PRECISION_SCOPES:
-            raise ValueError(f"precision scope must be one of {PRECISION_SCOPES}, got {self.scope!r}")
+            raise ValueError(
+                f"precision scope must be one of {PRECISION_SCOPES}, got {self.scope!r}"
+            )
 
     @property
     def strength(self) -> float:
@@ -324,9 +326,7 @@ class WeightNoise(_Generator):
             return MismatchPair(model, Behaviour(name=self.name, strength=0.0), self)
         names = _x.select_parameters(model, self.params)
         net = perturbed_copy(model, self.sigma, names, self.seed, self.relative)
-        return MismatchPair(
-            model, Behaviour(model=net, name=self.name, strength=self.sigma), self
-        )
+        return MismatchPair(model, Behaviour(model=net, name=self.name, strength=self.sigma), self)
 
 
 @_register
@@ -467,6 +467,57 @@ class Combined:
 # --- staleness training ----------------------------------------------------------------------
 
 
+@dataclass(frozen=True, eq=False)
+class RolloutBatch:
+    """Responses sampled from a model for a task, laid out by prompt length.
+
+    ``prompt_index`` (N,); ``groups``: a list of (row indices (k,), input_ids (k, p + T),
+    response mask (k, T), p) — one per prompt length p (rows of a group share p, no padding);
+    ``response`` (N, T) and ``mask`` (N, T) in row order; ``rewards`` (N,) from the task;
+    ``old_log_prob`` (N, T) float64, log μ of the sampled tokens under the sampling model.
+    """
+
+    prompt_index: np.ndarray
+    groups: list
+    response: torch.Tensor
+    mask: torch.Tensor
+    rewards: np.ndarray
+    old_log_prob: torch.Tensor
+
+
+def rollout_batch(
+    model: torch.nn.Module,
+    task,
+    n: int,
+    max_new_tokens: int,
+    seed: int = 0,
+    tokenizer=None,
+    eos_token_id: int | None = None,
+) -> RolloutBatch:
+    """``n`` responses of ``max_new_tokens`` tokens sampled from ``model`` (μ) for prompts
+    drawn uniformly from ``task``; prompts and tokens from one ``SeedSequence(seed)``."""
+    n = _integer(n, "n", 1)
+    T = _integer(max_new_tokens, "max_new_tokens", 1)
+    device = next(model.parameters()).device
+    prompts = task.prompt_ids(tokenizer)
+    ss_prompt, ss_sample = np.random.SeedSequence(seed).spawn(2)
+    rng = np.random.default_rng(ss_prompt)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(_x._seed_of(ss_sample))
+    prompt_index = rng.integers(0, len(prompts), size=n)
+    groups = _sample_rows(model, prompts, prompt_index, T, gen, eos_token_id)
+    response = torch.zeros((n, T), dtype=torch.long)
+    mask = torch.zeros((n, T), dtype=torch.bool)
+    old = torch.zeros((n, T), dtype=torch.float64)
+    with torch.no_grad():
+        for idx, ids, m, p in groups:
+            response[idx] = ids[:, p:].cpu()
+            mask[idx] = m.cpu()
+            old[idx] = _x.response_log_probs(model(ids).logits, ids, p).cpu()
+    rewards = np.asarray(task.rewards(prompt_index, response, mask, tokenizer), dtype=np.float64)
+    return RolloutBatch(prompt_index, groups, response, mask, rewards, old)
+
+
 def stale_target(
     model: torch.nn.Module,
     task,
@@ -484,33 +535,23 @@ def stale_target(
 ) -> torch.nn.Module:
     """θ_k: a copy of ``model`` after ``steps`` policy-gradient steps (:class:`Staleness`).
 
-    The rollout batch (steps × batch_size responses to prompts drawn uniformly from the
-    task) is sampled once from ``model`` (μ = θ₀) with a ``torch.Generator`` seeded from
-    ``seed``; mini-batch j is rows [j·B, (j+1)·B). ``model`` is not modified; the copy is in
-    eval mode with every parameter's ``requires_grad`` restored to True.
+    The rollout batch (:func:`rollout_batch` of steps × batch_size responses, ``seed``) is
+    sampled once from ``model`` (μ = θ₀); mini-batch j is rows [j·B, (j+1)·B) and its loss is
+    ``policy_loss(loss, log π_θ, log μ, A, mask, agg="token-mean")`` with A = R − mean R over
+    the rollout batch. ``model`` is not modified; the copy is in eval mode with every
+    parameter's ``requires_grad`` restored to True.
     """
     from simkit.lm import losses
 
     steps = _integer(steps, "steps", 1)
     B = _integer(batch_size, "batch_size", 1)
-    T = _integer(max_new_tokens, "max_new_tokens", 1)
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
     device = next(model.parameters()).device
-    prompts = task.prompt_ids(tokenizer)
-    ss_prompt, ss_sample = np.random.SeedSequence(seed).spawn(2)
-    rng = np.random.default_rng(ss_prompt)
-    gen = torch.Generator(device=device)
-    gen.manual_seed(_x._seed_of(ss_sample))
-    N = steps * B
-    prompt_index = rng.integers(0, len(prompts), size=N)
-    rows = _sample_rows(model, prompts, prompt_index, T, gen, eos_token_id)
-    response = torch.zeros((N, T), dtype=torch.long)
-    mask = torch.zeros((N, T), dtype=torch.bool)
-    for idx, ids, m, p in rows:
-        response[idx] = ids[:, p:].cpu()
-        mask[idx] = m.cpu()
-    rewards = np.asarray(task.rewards(prompt_index, response, mask, tokenizer), dtype=np.float64)
+    batch = rollout_batch(
+        model, task, steps * B, max_new_tokens, seed, tokenizer=tokenizer, eos_token_id=eos_token_id
+    )
+    rewards = batch.rewards
     if np.ptp(rewards) == 0:
         warnings.warn(
             f"staleness: every response of the rollout batch has reward {rewards[0]}; the "
@@ -518,10 +559,7 @@ def stale_target(
             stacklevel=3,
         )
     adv = torch.as_tensor(rewards - rewards.mean(), dtype=torch.float64)
-    old = torch.zeros((N, T), dtype=torch.float64)
-    with torch.no_grad():
-        for idx, ids, _, p in rows:
-            old[idx] = _x.response_log_probs(model(ids).logits, ids, p).cpu()
+    T = batch.mask.shape[1]
 
     target = copy.deepcopy(model).eval()
     trainable = set(_x.select_parameters(target, params))
@@ -532,21 +570,19 @@ def stale_target(
     for j in range(steps):
         lo, hi = j * B, (j + 1) * B
         log_prob = torch.zeros((B, T), dtype=torch.float64, device=device)
-        pieces = []
-        for idx, ids, _, p in rows:
+        for idx, ids, _, p in batch.groups:
             sel = (idx >= lo) & (idx < hi)
             if sel.any():
                 sub = ids[torch.as_tensor(sel, device=ids.device)]
                 lp = _x.response_log_probs(target(sub).logits, sub, p)
-                pieces.append((torch.as_tensor(idx[sel] - lo, device=device), lp))
-        for where, lp in pieces:
-            log_prob = log_prob.index_put((where,), lp)
+                where = torch.as_tensor(idx[sel] - lo, device=device)
+                log_prob = log_prob.index_put((where,), lp)
         value, _ = losses.policy_loss(
             loss,
             log_prob,
-            old[lo:hi].to(device),
+            batch.old_log_prob[lo:hi].to(device),
             adv[lo:hi].to(device),
-            mask[lo:hi].to(device),
+            batch.mask[lo:hi].to(device),
             agg="token-mean",
             compute_metrics=False,
         )

@@ -1,0 +1,277 @@
+"""Where training collapses: final J over staleness N × sequence length T, per recipe.
+
+A map of the staleness experiment (:mod:`simkit.figures.staleness_curves`) over two axes:
+the staleness N (rollout batch of N mini-batches updated in sequence) and the sequence length
+T, for each paper recipe (:mod:`simkit.train.recipes`). Sequence-level weights multiply T
+token ratios, so their variance grows with T (like (1+χ²)^T) while token-level corrections
+carry a bias that grows with T (rl-collapse); the map shows where each recipe still learns.
+
+Setting (full size): ``TokenMDP.answer_correct(V = 32, T ∈ {16, 64, 256})`` (R = 1 iff the last
+token is the answer: the task is equally hard at every T, and the T − 2 earlier positions only
+add off-policy noise to the sequence ratio), N ∈ {1, 4, 16, 64}, Adam (lr 0.03, gradient norm
+clipped to 1), 32 sequences per update, 300 steps, exact J every 10, seeds 0 and 1. The value
+of a cell is the **normalised final gain** (J_final − J(π₀)) / (J* − J(π₀)) (1 = optimal,
+0 = no progress, < 0 = worse than the start), mean over seeds; a cross marks a cell where a
+run collapsed (lost more than half of its best gain).
+
+The grid is ``configs/train_collapse_map.toml`` (:func:`sweep_config`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from simkit.config import TrainSweepConfig
+from simkit.figures.staleness_curves import (
+    PAPER_COLLAPSING,
+    PAPER_STABLE,
+    environment_dict,
+    environment_note,
+    run_grid,
+    schedule_note,
+    split_figure,
+)
+from simkit.train.analysis import (
+    COLLAPSE_FRACTION,
+    TAIL_FRACTION,
+    normalized_gain,
+    optimal_J,
+    run_summary,
+)
+from simkit.train.recipes import RECIPES, recipe_entry, recipe_label
+
+NAME = "collapse_map"
+TITLE = "Final J over staleness N × length T, per recipe"
+CAPTION = (
+    "normalised final gain (J_final − J₀)/(J* − J₀) of each recipe (GRPO, GSPO, SAPO, VESPO, "
+    "token-TIS, seq-MIS) after 300 Adam steps on a token MDP (answer_correct, V = 32) over "
+    "the staleness N (rows) and the sequence length T (columns), mean of 2 seeds; × marks a "
+    "cell where a run collapsed (lost more than half of its best gain). The notes give the "
+    "ranking in the hardest cell and the comparison with VESPO's claim, as measured."
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Environment (``T`` is the tuple of lengths swept), recipes, staleness values, schedule
+    and seeds (as :class:`simkit.figures.staleness_curves.Config`)."""
+
+    constructor: str = "answer_correct"
+    V: int = 32
+    T: tuple[int, ...] = (16, 64, 256)
+    env_kwargs: tuple = ()
+    scale: float = 1.0
+    env_seed: int = 0
+    recipes: tuple[str, ...] = ("grpo", "gspo", "sapo", "vespo", "tis", "mis")
+    staleness: tuple[int, ...] = (1, 4, 16, 64)
+    minibatch_size: int = 32
+    group_size: int = 8
+    steps: int = 300
+    lr: float = 0.03
+    max_grad_norm: float | None = 1.0
+    record_every: int = 10
+    seeds: tuple[int, ...] = (0, 1)
+
+    def __post_init__(self):
+        unknown = [r for r in self.recipes if r not in RECIPES]
+        if unknown:
+            raise ValueError(f"unknown recipe(s) {unknown}; available: {', '.join(RECIPES)}")
+        if not self.recipes or not self.staleness or not self.seeds or not self.T:
+            raise ValueError("recipes, staleness, T and seeds must be non-empty")
+
+
+def config(small: bool = False) -> Config:
+    if small:
+        return Config(
+            V=6,
+            T=(4, 10),
+            recipes=("grpo", "vespo"),
+            staleness=(1, 4),
+            minibatch_size=16,
+            steps=24,
+            lr=0.05,
+            record_every=4,
+            seeds=(0,),
+        )
+    return Config()
+
+
+def sweep_config(cfg: Config) -> TrainSweepConfig:
+    """The training sweep of the figure (``configs/train_collapse_map.toml`` at full size)."""
+    d = {
+        "kind": "train",
+        "name": NAME,
+        "steps": cfg.steps,
+        "minibatch_size": cfg.minibatch_size,
+        "minibatches": list(cfg.staleness),
+        "lr": cfg.lr,
+        "optimizer": "adam",
+        "record_every": cfg.record_every,
+        "seeds": list(cfg.seeds),
+        "environment": environment_dict(cfg),
+        "estimators": [recipe_entry(r, cfg.group_size) for r in cfg.recipes],
+    }
+    if cfg.max_grad_norm is not None:
+        d["max_grad_norm"] = cfg.max_grad_norm
+    return TrainSweepConfig.from_dict(d)
+
+
+def cell_grid(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per (recipe, N, T): mean ± SE over seeds of the normalised gain and of J_final, and
+    the number of collapsed runs."""
+    g = runs.groupby(["recipe", "N", "T"], sort=False)
+    out = g.agg(
+        gain=("gain", "mean"),
+        gain_sd=("gain", "std"),
+        J_final=("J_final", "mean"),
+        collapsed=("collapsed", "sum"),
+        runs=("gain", "size"),
+    ).reset_index()
+    out["gain_se"] = out.pop("gain_sd") / np.sqrt(out["runs"])
+    out["collapsed"] = out["collapsed"].astype(int)
+    return out
+
+
+def paper_verdict(grid: pd.DataFrame) -> list[str]:
+    """Lines: ranking in the hardest cell, collapsed cells, VESPO's claim as measured."""
+    N_max, T_max = int(grid["N"].max()), int(grid["T"].max())
+    hard = grid[(grid["N"] == N_max) & (grid["T"] == T_max)].sort_values("gain", ascending=False)
+    rank = " > ".join(
+        f"{recipe_label(r)} {g:.2f}" + (f" ± {s:.2f}" if np.isfinite(s) else "")
+        for r, g, s in zip(hard["recipe"], hard["gain"], hard["gain_se"], strict=True)
+    )
+    lines = [f"Normalised final gain at N = {N_max}, T = {T_max} (mean ± SE): {rank}."]
+    worst = grid.loc[grid.groupby("recipe", sort=False)["gain"].idxmin()]
+    lines.append(
+        "Lowest cell per recipe: "
+        + "; ".join(
+            f"{recipe_label(r)} {g:.2f} (N = {n}, T = {t})"
+            for r, g, n, t in zip(worst["recipe"], worst["gain"], worst["N"], worst["T"], strict=True)
+        )
+        + "."
+    )
+    col = grid[grid["collapsed"] > 0]
+    if len(col):
+        lines.append(
+            "Cells with a collapsed run: "
+            + "; ".join(
+                f"{recipe_label(r)} (N = {n}, T = {t})"
+                for r, n, t in zip(col["recipe"], col["N"], col["T"], strict=True)
+            )
+            + "."
+        )
+    else:
+        lines.append(f"No run collapsed (none lost more than {COLLAPSE_FRACTION:.0%} of its best gain).")
+    present = set(grid["recipe"])
+    others = [r for r in PAPER_COLLAPSING if r in present]
+    if PAPER_STABLE in present and others:
+        stable = grid[grid["recipe"] == PAPER_STABLE]["collapsed"].sum() == 0
+        at_max = grid[grid["N"] == N_max]
+        collapsing = {r: bool(at_max[at_max["recipe"] == r]["collapsed"].sum() > 0) for r in others}
+        reproduced = bool(stable and all(collapsing.values()))
+        lines.append(
+            f"VESPO's claim (stable at N = 64 while {', '.join(map(recipe_label, others))} "
+            "collapse): "
+            + ("REPRODUCED" if reproduced else "NOT reproduced")
+            + f" on this map — VESPO {'never collapsed' if stable else 'collapsed'}; "
+            + "; ".join(
+                f"{recipe_label(r)} {'collapsed' if c else 'did not collapse'} at N = {N_max}"
+                for r, c in collapsing.items()
+            )
+            + "."
+        )
+    return lines
+
+
+@dataclass(frozen=True)
+class Data:
+    """``table`` (every step), ``runs`` (per run, with ``J_star`` and the normalised
+    ``gain``), ``grid`` (per recipe × N × T: :func:`cell_grid`), ``J_star`` and ``J_start``
+    per T (dicts) and ``notes``."""
+
+    config: Config
+    table: pd.DataFrame
+    runs: pd.DataFrame
+    grid: pd.DataFrame
+    J_star: dict
+    J_start: dict
+    notes: tuple[str, ...]
+
+
+def compute(cfg: Config, workers: int | None = None) -> Data:
+    sweep = sweep_config(cfg)
+    table = run_grid(sweep, workers)
+    envs = {T: sweep.environment.build(T) for T in cfg.T}
+    J_star = {T: optimal_J(env) for T, env in envs.items()}
+    J_start = {T: env.J() for T, env in envs.items()}
+    runs = run_summary(table, ["recipe", "N", "T", "seed"])
+    runs["J_star"] = runs["T"].map(J_star)
+    runs["gain"] = normalized_gain(runs["J_final"], runs["J_start"], runs["J_star"])
+    grid = cell_grid(runs)
+    starts = ", ".join(f"T = {T}: {J_start[T]:.3f}" for T in cfg.T)
+    notes = (
+        environment_note(sweep, min(J_start.values()), max(J_star.values()))
+        + f" J(π₀) by T: {starts}.",
+        schedule_note(sweep),
+        "Cell value: normalised final gain (J_final − J(π₀)) / (J* − J(π₀)), J_final = mean "
+        f"exact J over the last {TAIL_FRACTION:.0%} of the steps; × = a run lost more than "
+        f"{COLLAPSE_FRACTION:.0%} of its best gain.",
+        *paper_verdict(grid),
+    )
+    return Data(
+        config=cfg,
+        table=table,
+        runs=runs,
+        grid=grid,
+        J_star=J_star,
+        J_start=J_start,
+        notes=notes,
+    )
+
+
+def draw(data: Data):
+    recipes = list(dict.fromkeys(data.grid["recipe"]))
+    Ns = sorted(data.grid["N"].unique())
+    Ts = sorted(data.grid["T"].unique())
+    cols = min(3, len(recipes))
+    rows = math.ceil(len(recipes) / cols)
+    fig, panels = split_figure(2.3 * cols + 0.9, 2.0 * rows + 0.4, data.notes)
+    axes = panels.subplots(rows, cols, squeeze=False).ravel()
+    image = None
+    for ax, r in zip(axes, recipes, strict=False):
+        part = data.grid[data.grid["recipe"] == r].set_index(["N", "T"])
+        values = np.array([[part.loc[(N, T), "gain"] for T in Ts] for N in Ns], dtype=float)
+        image = ax.imshow(values, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+        for i, N in enumerate(Ns):
+            for j, T in enumerate(Ts):
+                v = values[i, j]
+                mark = " ×" if part.loc[(N, T), "collapsed"] > 0 else ""
+                ax.text(
+                    j,
+                    i,
+                    f"{v:.2f}{mark}",
+                    ha="center",
+                    va="center",
+                    fontsize=6,
+                    color="white" if v < 0.55 else "black",
+                )
+        ax.set_xticks(range(len(Ts)), [str(T) for T in Ts])
+        ax.set_yticks(range(len(Ns)), [str(N) for N in Ns])
+        ax.set_xlabel("sequence length T")
+        ax.set_ylabel("staleness N")
+        ax.set_title(recipe_label(r), fontsize=8)
+        ax.grid(False)
+    for ax in axes[len(recipes) :]:
+        ax.set_visible(False)
+    if image is not None:
+        panels.colorbar(image, ax=list(axes[: len(recipes)]), shrink=0.8, label="normalised gain")
+    panels.suptitle(
+        f"Final J over (N, T): {data.config.constructor} (V = {data.config.V}), "
+        f"{data.config.steps} steps, mean of {len(data.config.seeds)} seed(s); × collapse",
+        fontsize=8,
+    )
+    return fig

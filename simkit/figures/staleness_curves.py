@@ -1,0 +1,382 @@
+"""Learning curves under staleness N: the synthetic counterpart of VESPO's Fig. 3.
+
+VESPO (Shen et al., arXiv 2602.10693, §5 and Fig. 3) trains with a rollout batch split into N
+mini-batches updated in sequence (staleness N = global batch / mini batch) and reports that
+VESPO stays stable up to N = 64 while GRPO, GSPO and SAPO collapse. This figure runs the same
+schedule in a world where J and ∇J are exact: a tabular policy on a token MDP
+(:mod:`simkit.train`), each paper's recipe (:mod:`simkit.train.recipes`: mapping ×
+aggregation, GRPO group advantage), N ∈ {1, 4, 8, 16, 32, 64}, several seeds.
+
+Setting (full size): ``TokenMDP.at_least_k(V = 32, T = 64, k = 6)`` (R = 1 iff token 0 occurs
+at least 6 times; J(π₀) ≈ 0.003, J* = 1), Adam (lr 0.03, gradient norm clipped to 1), mini-batch
+of m = 32 sequences (4 groups of G = 8) per update and rollout batch N·m, so that every N takes
+the same 1000 updates on the same number of samples and only the staleness changes; J exact
+every 10 steps; seeds 0, 1, 2 (a seed fixes the run's random streams: N = 1 runs of every
+recipe coincide, the on-policy REINFORCE curve).
+
+The grid is a :class:`simkit.config.TrainSweepConfig` (:func:`sweep_config`;
+``configs/train_staleness_curves.toml`` is the same grid, so ``simkit sweep`` reproduces the
+data bit for bit) run on all cores. :func:`compute` returns :class:`Data`: the per-step table,
+the curves with their min–max bands over seeds, one summary row per run
+(:func:`simkit.train.analysis.run_summary`: final, peak and mean J, collapse) and per
+(recipe, N), and ``notes``: the environment, sizes, seeds and the measured ordering against the
+paper's claim, whichever way it goes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from simkit.config import TrainSweepConfig
+from simkit.figures import _common, style
+from simkit.sweep import run_config
+from simkit.train.analysis import COLLAPSE_FRACTION, TAIL_FRACTION, band, optimal_J, run_summary
+from simkit.train.recipes import RECIPES, recipe_entry, recipe_label, recipe_of
+
+NAME = "staleness_curves"
+TITLE = "Learning curves under staleness N (synthetic VESPO Fig. 3)"
+CAPTION = (
+    "exact J(π) against the optimizer step for the GRPO, GSPO, SAPO, VESPO, token-TIS and "
+    "seq-MIS recipes on a token MDP (at_least_k, V = 32, T = 64, J* = 1), one panel per "
+    "staleness N (a rollout batch of N mini-batches of 32 sequences, updated in sequence; "
+    "Adam, lr 0.03), mean over 3 seeds with the min–max band. At N = 1 every recipe is "
+    "on-policy REINFORCE and the curves coincide. The notes under the panels state whether the "
+    "paper's ordering (VESPO stable to N = 64 while GRPO, GSPO and SAPO collapse) is reproduced "
+    "here, as measured."
+)
+
+#: the recipes whose collapse VESPO reports (Fig. 3), and VESPO itself
+PAPER_COLLAPSING = ("grpo", "gspo", "sapo")
+PAPER_STABLE = "vespo"
+#: a grid with at least this many steps in total runs on a process pool
+PARALLEL_STEPS = 20_000
+
+
+@dataclass(frozen=True)
+class Config:
+    """The environment (``constructor``, ``V``, ``T``, ``env_kwargs``, ``scale``,
+    ``env_seed``: a :class:`~simkit.config.TokenMDPConfig`), the ``recipes``, the
+    ``staleness`` values N, the mini-batch size m (rollout batch N·m), the GRPO
+    ``group_size``, the optimizer (Adam, ``lr``, ``max_grad_norm``), ``steps``,
+    ``record_every`` and the ``seeds``."""
+
+    constructor: str = "at_least_k"
+    V: int = 32
+    T: int = 64
+    env_kwargs: tuple = (("k", 6),)
+    scale: float = 1.0
+    env_seed: int = 0
+    recipes: tuple[str, ...] = ("grpo", "gspo", "sapo", "vespo", "tis", "mis")
+    staleness: tuple[int, ...] = (1, 4, 8, 16, 32, 64)
+    minibatch_size: int = 32
+    group_size: int = 8
+    steps: int = 1000
+    lr: float = 0.03
+    max_grad_norm: float | None = 1.0
+    record_every: int = 10
+    seeds: tuple[int, ...] = (0, 1, 2)
+
+    def __post_init__(self):
+        unknown = [r for r in self.recipes if r not in RECIPES]
+        if unknown:
+            raise ValueError(f"unknown recipe(s) {unknown}; available: {', '.join(RECIPES)}")
+        if not self.recipes or not self.staleness or not self.seeds:
+            raise ValueError("recipes, staleness and seeds must be non-empty")
+        if min(self.staleness) < 1:
+            raise ValueError(f"staleness values N must be >= 1, got {self.staleness}")
+
+
+def config(small: bool = False) -> Config:
+    if small:
+        return Config(
+            V=8,
+            T=12,
+            env_kwargs=(("k", 3),),
+            recipes=("grpo", "vespo", "tis"),
+            staleness=(1, 4),
+            minibatch_size=16,
+            steps=40,
+            lr=0.05,
+            record_every=4,
+            seeds=(0, 1),
+        )
+    return Config()
+
+
+def environment_dict(cfg) -> dict:
+    """The ``[environment]`` table of a figure config (token MDP at one or more T)."""
+    T = list(cfg.T) if isinstance(cfg.T, tuple) else [cfg.T]
+    d = {
+        "kind": "token_mdp",
+        "constructor": cfg.constructor,
+        "V": cfg.V,
+        "T": T,
+        "seed": cfg.env_seed,
+        "scale": cfg.scale,
+    }
+    if cfg.env_kwargs:
+        d["kwargs"] = dict(cfg.env_kwargs)
+    return d
+
+
+def sweep_config(cfg: Config) -> TrainSweepConfig:
+    """The training sweep of the figure (``configs/train_staleness_curves.toml`` at full size)."""
+    d = {
+        "kind": "train",
+        "name": NAME,
+        "steps": cfg.steps,
+        "minibatch_size": cfg.minibatch_size,
+        "minibatches": list(cfg.staleness),
+        "lr": cfg.lr,
+        "optimizer": "adam",
+        "record_every": cfg.record_every,
+        "seeds": list(cfg.seeds),
+        "environment": environment_dict(cfg),
+        "estimators": [recipe_entry(r, cfg.group_size) for r in cfg.recipes],
+    }
+    if cfg.max_grad_norm is not None:
+        d["max_grad_norm"] = cfg.max_grad_norm
+    return TrainSweepConfig.from_dict(d)
+
+
+def run_grid(sweep: TrainSweepConfig, workers: int | None = None) -> pd.DataFrame:
+    """Every run of ``sweep`` (:func:`simkit.sweep.run_config`), on a process pool of
+    ``workers`` (default: every core) when the grid has at least :data:`PARALLEL_STEPS` steps
+    in total, else serially — the table is identical either way. Adds the ``recipe`` column
+    (:func:`simkit.train.recipes.recipe_of`, None for a non-recipe estimator)."""
+    runs = sum(1 for _ in sweep.runs())
+    n = workers or os.cpu_count() or 1
+    parallel = n > 1 and runs > 1 and runs * sweep.steps >= PARALLEL_STEPS
+    table = run_config(
+        sweep,
+        progress=False,
+        backend="processes" if parallel else "serial",
+        workers=min(n, runs) if parallel else None,
+    )
+    pairs = list(zip(table["mapping"], table["aggregation"], strict=True))
+    lookup = {p: recipe_of(*p) for p in set(pairs)}
+    table.insert(0, "recipe", [lookup[p] for p in pairs])
+    return table
+
+
+def environment_note(sweep: TrainSweepConfig, J_start: float, J_star: float) -> str:
+    """One line: the environment, its size, J(π₀) and J*."""
+    env = sweep.environment
+    kwargs = ", ".join(f"{k} = {v}" for k, v in env.kwargs)
+    Ts = ", ".join(str(T) for T in env.T)
+    return (
+        f"Environment: TokenMDP.{env.constructor}(V = {env.V}, T = {Ts}"
+        f"{', ' + kwargs if kwargs else ''}, seed = {env.seed}, scale = {env.scale:g}); "
+        f"J(π₀) = {J_start:.3f}, J* = {J_star:.3g} (exact DP)."
+    )
+
+
+def schedule_note(sweep: TrainSweepConfig) -> str:
+    """One line: optimizer, batch sizes, steps, recording and seeds."""
+    size = (
+        f"mini-batch of {sweep.minibatch_size} sequences per update, rollout batch N·"
+        f"{sweep.minibatch_size}"
+        if sweep.minibatch_size is not None
+        else f"rollout batch {sweep.batch} split into N mini-batches"
+    )
+    clip = f", gradient norm clipped to {sweep.max_grad_norm:g}" if sweep.max_grad_norm else ""
+    lrs = ", ".join(f"{lr:g}" for lr in sweep.lr)
+    seeds = ", ".join(str(s) for s in sweep.seeds)
+    return (
+        f"{sweep.optimizer.capitalize()} (lr {lrs}{clip}); {size}; {sweep.steps} steps, exact J "
+        f"every {sweep.record_every}; seeds {seeds} (a seed fixes a run's random streams)."
+    )
+
+
+def summarize(runs: pd.DataFrame, by) -> pd.DataFrame:
+    """Per group of ``by``: mean and SE over seeds of J_final and J_mean, collapsed runs."""
+    g = runs.groupby(list(by), sort=False)
+    out = g.agg(
+        J_final=("J_final", "mean"),
+        J_final_sd=("J_final", "std"),
+        J_mean=("J_mean", "mean"),
+        J_mean_sd=("J_mean", "std"),
+        collapsed=("collapsed", "sum"),
+        runs=("J_final", "size"),
+    ).reset_index()
+    out["J_final_se"] = out.pop("J_final_sd") / np.sqrt(out["runs"])
+    out["J_mean_se"] = out.pop("J_mean_sd") / np.sqrt(out["runs"])
+    out["collapsed"] = out["collapsed"].astype(int)
+    return out
+
+
+def ranking(summary: pd.DataFrame, column: str = "J_final") -> str:
+    """``"A 0.99 ± 0.01 > B 0.95 ± 0.02 > …"`` (mean ± SE over seeds), best first."""
+    rows = summary.sort_values(column, ascending=False)
+    return " > ".join(
+        f"{recipe_label(r)} {m:.3f}" + (f" ± {s:.3f}" if np.isfinite(s) else "")
+        for r, m, s in zip(rows["recipe"], rows[column], rows[f"{column}_se"], strict=True)
+    )
+
+
+def paper_verdict(summary: pd.DataFrame) -> list[str]:
+    """Lines comparing the measured collapses and ordering with VESPO's claim."""
+    Ns = sorted(summary["N"].unique())
+    N_max = Ns[-1]
+    present = set(summary["recipe"])
+    lines = []
+    at_max = summary[summary["N"] == N_max]
+    lines.append(f"Final J at N = {N_max} (mean ± SE over seeds): {ranking(at_max)}.")
+    lines.append(f"Mean J over the run (learning speed) at N = {N_max}: {ranking(at_max, 'J_mean')}.")
+    col = summary[summary["collapsed"] > 0]
+    if len(col):
+        parts = [
+            f"{recipe_label(r)} at N = {n} ({c}/{k} seeds)"
+            for r, n, c, k in zip(col["recipe"], col["N"], col["collapsed"], col["runs"], strict=True)
+        ]
+        lines.append("Collapsed runs: " + "; ".join(parts) + ".")
+    else:
+        lines.append(
+            "No run collapsed (none lost more than "
+            f"{COLLAPSE_FRACTION:.0%} of its best gain in J)."
+        )
+    if PAPER_STABLE in present and present & set(PAPER_COLLAPSING):
+        stable = summary[(summary["recipe"] == PAPER_STABLE)]["collapsed"].sum() == 0
+        others = [r for r in PAPER_COLLAPSING if r in present]
+        collapsing = {
+            r: int(at_max[at_max["recipe"] == r]["collapsed"].sum()) > 0 for r in others
+        }
+        v = at_max[at_max["recipe"] == PAPER_STABLE].iloc[0]
+        beats = []
+        for r in others:
+            o = at_max[at_max["recipe"] == r].iloc[0]
+            se = math.hypot(v["J_final_se"], o["J_final_se"])
+            beats.append(bool(v["J_final"] - o["J_final"] > 2 * se))
+        reproduced = stable and all(collapsing.values())
+        names = ", ".join(recipe_label(r) for r in others)
+        lines.append(
+            f"Paper's claim (VESPO stable to N = 64 while {names} collapse): "
+            + ("REPRODUCED" if reproduced else "NOT reproduced")
+            + f" here — VESPO {'never collapsed' if stable else 'collapsed'}; "
+            + "; ".join(
+                f"{recipe_label(r)} {'collapsed' if c else 'did not collapse'} at N = {N_max}"
+                for r, c in collapsing.items()
+            )
+            + f"; VESPO's final J at N = {N_max} exceeds "
+            + (
+                ", ".join(recipe_label(r) for r, b in zip(others, beats, strict=True) if b)
+                or "none of them"
+            )
+            + " by more than 2 SE."
+        )
+    return lines
+
+
+@dataclass(frozen=True)
+class Data:
+    """What :func:`compute` returns.
+
+    ``table``: every step of every run (cell columns, ``recipe``, :data:`simkit.train.COLUMNS`);
+    ``curves``: recorded J per (recipe, N, step): mean, min–max (``lo``/``hi``), SE over seeds;
+    ``runs``: :func:`~simkit.train.analysis.run_summary` per (recipe, N, seed); ``summary``:
+    per (recipe, N) mean ± SE of J_final and J_mean, collapsed runs; ``J_star``, ``J_start``;
+    ``notes``: the lines printed under the figure.
+    """
+
+    config: Config
+    table: pd.DataFrame
+    curves: pd.DataFrame
+    runs: pd.DataFrame
+    summary: pd.DataFrame
+    J_star: float
+    J_start: float
+    notes: tuple[str, ...]
+
+
+def compute(cfg: Config, workers: int | None = None) -> Data:
+    sweep = sweep_config(cfg)
+    table = run_grid(sweep, workers)
+    env = sweep.environment.build(cfg.T)
+    J_star, J_start = optimal_J(env), env.J()
+    runs = run_summary(table, ["recipe", "N", "seed"])
+    summary = summarize(runs, ["recipe", "N"])
+    notes = (
+        environment_note(sweep, J_start, J_star),
+        schedule_note(sweep),
+        f"Final J = mean exact J over the last {TAIL_FRACTION:.0%} of the steps; a run "
+        f"'collapsed' if it lost more than {COLLAPSE_FRACTION:.0%} of its best gain.",
+        *paper_verdict(summary),
+    )
+    return Data(
+        config=cfg,
+        table=table,
+        curves=band(table, ["recipe", "N"]),
+        runs=runs,
+        summary=summary,
+        J_star=J_star,
+        J_start=J_start,
+        notes=notes,
+    )
+
+
+def recipe_style(recipe: str, **overrides) -> dict:
+    """Line style of a recipe: the house style of its mapping, labelled with the recipe."""
+    mapping = RECIPES[recipe][1]
+    kwargs = style.line_kwargs(mapping, **overrides)
+    kwargs["label"] = recipe_label(recipe)
+    return kwargs
+
+
+def wrapped_notes(notes, width: int) -> str:
+    """The notes wrapped at ``width`` characters, one paragraph per note."""
+    import textwrap
+
+    return "\n".join(textwrap.fill(line, width) for line in notes)
+
+
+def split_figure(width: float, panels_height: float, notes):
+    """A figure of two stacked subfigures: the panels, and under them the ``notes`` as small
+    text (the notes' height is sized to their wrapped line count). Returns ``(fig, panels)``."""
+    text = wrapped_notes(notes, int(width * 20))
+    notes_height = 0.105 * (text.count("\n") + 1) + 0.1
+    fig = _common.new_figure(width, panels_height + notes_height)
+    panels, bottom = fig.subfigures(2, 1, height_ratios=[panels_height, notes_height])
+    bottom.text(0.01, 0.98, text, ha="left", va="top", fontsize=5.6, color="0.2")
+    return fig, panels
+
+
+def draw(data: Data):
+    Ns = list(dict.fromkeys(sorted(data.curves["N"].unique())))
+    cols = min(3, len(Ns))
+    rows = math.ceil(len(Ns) / cols)
+    fig, panels = split_figure(2.6 * cols + 1.2, 2.0 * rows + 0.4, data.notes)
+    axes = panels.subplots(rows, cols, sharex=True, sharey=True, squeeze=False).ravel()
+    recipes = list(dict.fromkeys(data.curves["recipe"]))
+    for ax, N in zip(axes, Ns, strict=False):
+        for r in recipes:
+            part = data.curves[(data.curves["recipe"] == r) & (data.curves["N"] == N)]
+            x = part["step"].to_numpy(float)
+            (line,) = ax.plot(x, part["mean"], **recipe_style(r, linewidth=1.2))
+            ax.fill_between(x, part["lo"], part["hi"], color=line.get_color(), alpha=0.15, lw=0)
+        ax.axhline(data.J_star, color="0.4", linewidth=0.6, linestyle=":")
+        ax.set_title(f"N = {N}" + (" (on-policy)" if N == 1 else ""))
+    for ax in axes[len(Ns) :]:
+        ax.set_visible(False)
+    for ax in axes[(rows - 1) * cols :]:
+        ax.set_xlabel("optimizer step")
+    for ax in axes[::cols]:
+        ax.set_ylabel("J(π) (exact)")
+    panels.legend(
+        *axes[0].get_legend_handles_labels(),
+        loc="outside right center",
+        fontsize=6.5,
+        title="recipe",
+        title_fontsize=7,
+    )
+    seeds = len(data.config.seeds)
+    panels.suptitle(
+        f"Staleness N: {data.config.constructor} (V = {data.config.V}, T = {data.config.T}), "
+        f"mean of {seeds} seeds, min–max band; dotted: J*",
+        fontsize=8,
+    )
+    return fig

@@ -1,0 +1,419 @@
+"""``simkit train``: one training run from options, or a grid of runs from a TOML config.
+
+:func:`register` adds the subcommand to ``simkit``'s subparsers (``simkit.cli.SUBCOMMANDS``).
+Two forms:
+
+- ``simkit train CONFIG.toml [--out DIR] [--backend …]`` — a training sweep
+  (``kind = "train"``, :class:`simkit.config.TrainSweepConfig`) run through the sweep machinery
+  (:func:`simkit.sweep.run_sweep`: one parquet shard per run, resumable, serial / processes /
+  Dask), then one summary line per run (:func:`simkit.train.analysis.run_summary`), also
+  written to ``DIR/summary.csv``;
+- ``simkit train [--env …] [--recipe … | --mapping …] [--N …] [--steps …] [--out DIR]`` — one
+  run of :func:`simkit.train.train`; with ``--out`` it is checkpointed and the same command
+  resumes it after an interruption.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+__all__ = ["register", "run"]
+
+#: options of the single-run form, with their defaults (a config file excludes them)
+RUN_DEFAULTS = {
+    "env": "at_least_k",
+    "V": 8,
+    "T": 16,
+    "env_arg": None,
+    "env_seed": 0,
+    "scale": 1.0,
+    "eos": None,
+    "recipe": None,
+    "mapping": None,
+    "param": None,
+    "aggregation": "token-mean",
+    "advantage": "grpo",
+    "group_size": 8,
+    "N": 1,
+    "minibatch_size": 16,
+    "lag": 0,
+    "steps": 200,
+    "optimizer": "adam",
+    "lr": 0.05,
+    "max_grad_norm": None,
+    "gradient": "estimator",
+    "record_every": 1,
+    "precision": None,
+    "logit_noise": 0.0,
+    "spike_prob": 0.0,
+    "spike_strength": 0.0,
+    "spike_tokens": 1,
+    "seed": 0,
+    "chunk_steps": 100,
+    "stop_after": None,
+    "table": None,
+}
+#: options of the config form (ignored by the single-run form)
+SWEEP_ONLY = ("backend", "workers", "scheduler")
+
+DESCRIPTION = """\
+Train a tabular policy on a token MDP with the rollout/update schedule of real RL trainers
+(simkit.train): a rollout batch from mu split into N mini-batches updated in sequence
+(staleness N), an optional lag of k policy versions, an emulated inference engine (bf16/fp16
+logits, logit noise, toxic-tail spikes), any mapping x aggregation x advantage. Every step
+records the exact J, the true gradient and the estimator's cosine to it, chi2/KL between pi
+and mu (token and sequence), ESS, clip/mask fraction and gradient norms.
+
+Two forms:
+  simkit train CONFIG.toml   a grid of runs (kind = "train" config), run like 'simkit sweep':
+                             one shard per run in --out (default runs/<name>), resumable,
+                             --backend serial|processes|dask; prints one line per run
+                             (start, final, peak and mean J, collapse) and writes
+                             DIR/summary.csv.
+  simkit train [OPTIONS]     one run. --recipe grpo|gspo|sapo|vespo|tis|mis|geo_mask|naive
+                             picks a paper's loss (mapping + aggregation, GRPO advantage);
+                             --mapping NAME [--param k=v] [--aggregation] [--advantage] any
+                             other. With --out DIR the run is checkpointed every
+                             --chunk-steps steps: the same command resumes it.
+
+A run's random streams come from --seed alone: the same seed gives the same table, bit for
+bit, from the CLI, from a sweep or from simkit.train.train."""
+
+EPILOG = """\
+examples:
+  simkit train --recipe vespo --N 8 --steps 300
+  simkit train --env answer_correct --V 16 --T 64 --recipe tis --precision bf16 \\
+               --spike-prob 0.02 --spike-strength 6 --out runs/tis_bf16
+  simkit train --mapping ppo_clip --param eps_high=0.28 --aggregation seq-mean-token-mean \\
+               --N 16 --lag 1 --table ppo.csv
+  simkit train configs/train_quick.toml --out runs/train_quick --backend processes
+  simkit train configs/train_staleness_curves.toml --backend processes --workers 2
+"""
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    """Add ``train`` to ``simkit``'s subparsers; returns its parser."""
+    p = subparsers.add_parser(
+        "train",
+        help="training dynamics: learning curves under staleness and inference mismatch",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=DESCRIPTION,
+        epilog=EPILOG,
+    )
+    p.add_argument(
+        "config",
+        nargs="?",
+        metavar="CONFIG",
+        help="a training sweep config (TOML, kind = \"train\"); omit it for one run",
+    )
+    g = p.add_argument_group("config form (simkit train CONFIG.toml)")
+    g.add_argument("--backend", choices=["serial", "processes", "dask"], default="serial")
+    g.add_argument("--workers", type=int, metavar="N", help="processes / LocalCluster workers")
+    g.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler, e.g. tcp://host:8786")
+
+    g = p.add_argument_group("environment (one run)")
+    g.add_argument("--env", default=RUN_DEFAULTS["env"], metavar="CONSTRUCTOR",
+                   help="TokenMDP constructor: iid, markov, answer_correct, at_least_k, parity "
+                   "(default %(default)s)")
+    g.add_argument("--V", type=int, default=RUN_DEFAULTS["V"], help="vocabulary (default %(default)s)")
+    g.add_argument("--T", type=int, default=RUN_DEFAULTS["T"], help="length (default %(default)s)")
+    g.add_argument("--env-arg", action="append", metavar="KEY=VALUE",
+                   help="constructor argument, e.g. k=3 (at_least_k; default k = T // 4)")
+    g.add_argument("--env-seed", type=int, default=0, help="seed of the random initial logits")
+    g.add_argument("--scale", type=float, default=1.0, help="scale of the initial logits")
+    g.add_argument("--eos", type=int, help="EOS token (variable lengths)")
+
+    g = p.add_argument_group("estimator (one run)")
+    g.add_argument("--recipe", metavar="NAME",
+                   help="a paper's loss: grpo, gspo, sapo, vespo, tis, mis, geo_mask, naive "
+                   "(default grpo unless --mapping)")
+    g.add_argument("--mapping", metavar="NAME", help="any registered mapping ('simkit list mappings')")
+    g.add_argument("--param", action="append", metavar="KEY=VALUE",
+                   help="mapping hyperparameter (with --mapping), e.g. eps_high=0.28")
+    g.add_argument("--aggregation", default=RUN_DEFAULTS["aggregation"],
+                   help="with --mapping (default %(default)s)")
+    g.add_argument("--advantage", default=RUN_DEFAULTS["advantage"],
+                   help="with --mapping: oracle, grpo, dr_grpo, rloo, raw (default %(default)s)")
+    g.add_argument("--group-size", type=int, default=RUN_DEFAULTS["group_size"],
+                   help="G of the group advantages (default %(default)s)")
+
+    g = p.add_argument_group("schedule and optimizer (one run)")
+    g.add_argument("--N", type=int, default=1, help="mini-batches per rollout: staleness (default 1)")
+    g.add_argument("--minibatch-size", type=int, default=RUN_DEFAULTS["minibatch_size"],
+                   help="sequences per update; rollout batch = N x this (default %(default)s)")
+    g.add_argument("--lag", type=int, default=0, help="rollouts behind (asynchronous RL)")
+    g.add_argument("--steps", type=int, default=RUN_DEFAULTS["steps"], help="optimizer steps")
+    g.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
+    g.add_argument("--lr", type=float, default=RUN_DEFAULTS["lr"], help="learning rate")
+    g.add_argument("--max-grad-norm", type=float, help="clip the update's norm")
+    g.add_argument("--gradient", choices=["estimator", "exact"], default="estimator",
+                   help="'exact': ascend the true gradient (the estimator is still recorded)")
+    g.add_argument("--record-every", type=int, default=1, help="exact columns every K steps")
+
+    g = p.add_argument_group("inference mismatch (one run)")
+    g.add_argument("--precision", choices=["bf16", "fp16"], help="round mu's logits")
+    g.add_argument("--logit-noise", type=float, default=0.0, help="sigma of logit noise")
+    g.add_argument("--spike-prob", type=float, default=0.0, help="toxic-tail spike probability")
+    g.add_argument("--spike-strength", type=float, default=0.0, help="spike: mu x e^-s")
+    g.add_argument("--spike-tokens", type=int, default=1, help="rarest tokens starved per spike")
+
+    g = p.add_argument_group("output")
+    g.add_argument("--seed", type=int, default=0, help="the run's seed (default 0)")
+    g.add_argument("--out", metavar="DIR",
+                   help="one run: checkpointed run directory (resumed if it exists); "
+                   "a config: the sweep directory (default runs/<name>)")
+    g.add_argument("--chunk-steps", type=int, default=100, help="one run: steps per checkpoint")
+    g.add_argument("--stop-after", type=int, metavar="STEPS",
+                   help="one run: stop after this many steps in total (resume later with --out)")
+    g.add_argument("--table", metavar="FILE", help="one run: write the table (.csv or .parquet)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+    return p
+
+
+def _error(message: str):
+    from simkit.cli import CLIError
+
+    raise CLIError(message)
+
+
+def _key_values(items, option: str) -> dict:
+    """``["k=3", "x=0.5"]`` → ``{"k": 3, "x": 0.5}`` (ints, floats, booleans, else strings)."""
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            _error(f"{option} expects KEY=VALUE, got {item!r}")
+        key, value = item.split("=", 1)
+        key = key.strip().replace("-", "_")
+        out[key] = _parse_value(value.strip())
+    return out
+
+
+def _parse_value(text: str):
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def run(args) -> int:
+    """Entry point of ``simkit train`` (the subparser's ``func``)."""
+    if args.config is not None:
+        return _run_config(args)
+    used = [k for k in SWEEP_ONLY if getattr(args, k) not in (None, "serial")]
+    if used:
+        _error(f"--{used[0]} applies to a config file (simkit train CONFIG.toml --{used[0]} …)")
+    return _run_one(args)
+
+
+# --- one run -----------------------------------------------------------------------------------
+
+
+def _estimator(args):
+    from simkit import mappings
+    from simkit.estimators import Estimator
+    from simkit.train.recipes import recipe
+
+    if args.recipe is not None and args.mapping is not None:
+        _error("give --recipe or --mapping, not both")
+    if args.mapping is None:
+        if args.param:
+            _error("--param applies to --mapping (a recipe fixes its hyperparameters)")
+        name = args.recipe or "grpo"
+        try:
+            return recipe(name, group_size=args.group_size)
+        except KeyError as err:
+            _error(err.args[0])
+    try:
+        mapping = mappings.get(args.mapping, **_key_values(args.param, "--param"))
+        group = args.advantage in ("grpo", "dr_grpo", "rloo")
+        return Estimator(
+            mapping,
+            aggregation=args.aggregation,
+            advantage=args.advantage,
+            group_size=args.group_size if group else None,
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        _error(err.args[0] if isinstance(err, KeyError) and err.args else str(err))
+
+
+def _environment(args):
+    from simkit.config import ConfigError, TokenMDPConfig
+
+    kwargs = _key_values(args.env_arg, "--env-arg")
+    if args.env == "at_least_k" and "k" not in kwargs:
+        kwargs["k"] = max(1, args.T // 4)
+    try:
+        cfg = TokenMDPConfig(
+            constructor=args.env,
+            V=args.V,
+            T=(args.T,),
+            eos=args.eos,
+            seed=args.env_seed,
+            scale=args.scale,
+            kwargs=kwargs,
+        )
+    except ConfigError as err:
+        _error(str(err).replace("environment.", "--").replace("environment", "--env"))
+    return cfg.build(args.T)
+
+
+def _train_config(args):
+    from simkit.train import Mismatch, TrainConfig
+
+    try:
+        mismatch = Mismatch(
+            logit_noise=args.logit_noise,
+            precision=args.precision,
+            spike_prob=args.spike_prob,
+            spike_strength=args.spike_strength,
+            spike_tokens=args.spike_tokens,
+        )
+        return TrainConfig(
+            estimator=_estimator(args),
+            steps=args.steps,
+            batch=args.N * args.minibatch_size,
+            minibatches=args.N,
+            lag=args.lag,
+            optimizer=args.optimizer,
+            lr=args.lr,
+            max_grad_norm=args.max_grad_norm,
+            gradient=args.gradient,
+            mismatch=mismatch,
+            record_every=args.record_every,
+        )
+    except (TypeError, ValueError) as err:
+        _error(str(err))
+
+
+def _run_one(args) -> int:
+    from simkit.train import TrainError, checkpoint_step, train
+    from simkit.train.analysis import optimal_J
+
+    if args.table is not None and not args.table.endswith((".csv", ".parquet")):
+        _error(f"--table must end with .csv or .parquet, got {args.table!r}")
+    if args.stop_after is not None and args.out is None:
+        _error("--stop-after needs --out (the partial run is checkpointed there)")
+    env = _environment(args)
+    config = _train_config(args)
+    if args.out is not None and Path(args.out).exists():
+        done = checkpoint_step(args.out) if (Path(args.out) / "run.json").exists() else 0
+        if done:
+            print(f"resuming {args.out} from step {done}", file=sys.stderr)
+    try:
+        table = train(
+            env,
+            config,
+            seed=args.seed,
+            out_dir=args.out,
+            chunk_steps=args.chunk_steps,
+            stop_after=args.stop_after,
+            progress=not args.no_progress,
+        )
+    except (TrainError, ValueError, FloatingPointError) as err:
+        _error(str(err))
+    if args.table is not None:
+        if args.table.endswith(".csv"):
+            table.to_csv(args.table, index=False)
+        else:
+            table.to_parquet(args.table, index=False)
+        print(f"table written to {args.table}", file=sys.stderr)
+    print(_run_report(table, config, env.J(), optimal_J(env)))
+    return 0
+
+
+def _run_report(table, config, J_start: float, J_star: float) -> str:
+    """A few recorded rows (about ten, evenly spaced) and the run's summary."""
+    import numpy as np
+    import pandas as pd
+
+    from simkit.train.analysis import run_summary
+
+    rec = table[table["recorded"]]
+    lines = [
+        f"{config.estimator.name}: N = {config.minibatches}, lag = {config.lag}, mismatch "
+        f"{config.mismatch.label}; J(pi_0) = {J_start:.4f}, J* = {J_star:.4g}"
+    ]
+    if len(rec):
+        idx = np.unique(np.linspace(0, len(rec) - 1, min(len(rec), 11)).round().astype(int))
+        cols = ["step", "J", "cosine", "chi2_seq", "ess", "zero_frac", "grad_norm"]
+        with pd.option_context("display.width", 160, "display.max_columns", None):
+            lines.append(
+                rec.iloc[idx][cols].to_string(index=False, float_format=lambda v: f"{v:.4g}")
+            )
+        s = run_summary(table.assign(run=0), "run").iloc[0]
+        lines.append(
+            f"steps {int(s.steps)}: J start {s.J_start:.4f}, final {s.J_final:.4f}, peak "
+            f"{s.J_peak:.4f}, mean {s.J_mean:.4f}; "
+            + ("COLLAPSED (lost more than half of its best gain)" if s.collapsed else "no collapse")
+        )
+    return "\n".join(lines)
+
+
+# --- a config ----------------------------------------------------------------------------------
+
+
+def _run_config(args) -> int:
+    from simkit import config as _config
+    from simkit import sweep
+    from simkit.train.analysis import run_summary
+
+    explicit = [
+        k
+        for k, default in RUN_DEFAULTS.items()
+        if getattr(args, k, default) != default and k != "seed"
+    ]
+    if args.seed != 0:
+        explicit.append("seed")
+    if explicit:
+        _error(
+            f"--{explicit[0].replace('_', '-')} is a one-run option; a config file sets the "
+            "runs itself (edit the config, or omit CONFIG for one run)"
+        )
+    try:
+        cfg = _config.load_config(args.config)
+    except _config.ConfigError as err:
+        _error(str(err))
+    if not isinstance(cfg, _config.TrainSweepConfig):
+        _error(
+            f"{args.config} is an experiment sweep (no kind = \"train\"): run it with "
+            "'simkit sweep' or 'simkit run'"
+        )
+    try:
+        sweep.check_backend(args.backend, args.workers, args.scheduler)
+    except (TypeError, ValueError) as err:
+        _error(str(err))
+    out = Path(args.out) if args.out is not None else Path("runs") / cfg.name
+    try:
+        summary = sweep.run_sweep(
+            cfg,
+            out,
+            backend=args.backend,
+            workers=args.workers,
+            scheduler=args.scheduler,
+            progress=not args.no_progress,
+        )
+    except (_config.ConfigError, sweep.SweepError) as err:
+        _error(str(err))
+    print(f"train: {summary}", file=sys.stderr)
+    table = sweep.load_results(out, partial=True)
+    if table.empty:
+        return 1
+    cells = _config.expand(cfg)
+    setting = [k for k in cells[0].columns if len({c.columns[k] for c in cells}) > 1]
+    by = ["cell", *setting] if setting else ["cell"]
+    runs = run_summary(table, by)
+    runs.to_csv(out / "summary.csv", index=False)
+    import pandas as pd
+
+    shown = runs.drop(columns=["cell", "steps", "J_min_after_peak"])
+    with pd.option_context("display.width", 200, "display.max_columns", None, "display.max_rows", None):
+        print(shown.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(f"summary written to {out / 'summary.csv'}", file=sys.stderr)
+    return 0 if summary.failed == 0 else 1
