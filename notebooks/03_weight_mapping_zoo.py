@@ -300,7 +300,14 @@ assert list(KNOBS) == SCALAR
 for name in SCALAR:
     expected = set(knobs(mappings.get(name))) - NOT_SCALAR_KNOBS.get(name, set())
     assert set(KNOBS[name]) == expected, (name, expected)
-    mappings.get(name, **{k: v.value for k, v in KNOBS[name].items()})  # defaults are valid
+    defaults = {k: control.value for k, control in KNOBS[name].items()}
+    start, default = mappings.get(name, **defaults), mappings.get(name)
+    for positive in (True, False):  # the sliders start at the defaults (cispo: ε_low = 1 ≡ ∞)
+        w = np.exp(log_w)
+        assert np.array_equal(start.phi(w, positive), default.phi(w, positive)), name
+    for knob, control in KNOBS[name].items():  # every end of every slider is a valid mapping
+        for end in ("min", "max") if hasattr(control, "min") else ():
+            mappings.get(name, **{**defaults, knob: getattr(control, end)})
 
 
 def show_kernel(name, w_max=3.0, **hyperparameters):
@@ -327,16 +334,15 @@ def show_kernel(name, w_max=3.0, **hyperparameters):
         index=pd.Index(grid, name=ratio),
     ).T
     display(table.round(4))
-    return mapping
 
 
 def explore(name="ppo_clip"):
     """Sliders for the knobs of ``name`` (nested: they change with the chosen mapping)."""
 
     def redraw(**hyperparameters):
-        return show_kernel(name, **hyperparameters)
+        show_kernel(name, **hyperparameters)
 
-    return interact(redraw, **KNOBS[name])
+    interact(redraw, **KNOBS[name])  # displays itself; returning it would show it twice
 
 
 explorer = interact(explore, name=Choice(SCALAR, value="ppo_clip"))
@@ -774,10 +780,9 @@ def weight_map(name="ppo_clip", aggregation="seq-mean-token-mean", mismatch=0.4,
     plt.show()
     changed = np.abs(lams[name] - lams[compare]) > 1e-12 * np.max(np.abs(lams[compare]))
     print(f"{name} changes {changed[msk].mean():.0%} of the valid tokens' weights vs {compare}")
-    return lams
 
 
-lams = interact(
+weights_widget = interact(
     weight_map,
     name=Choice(losses.available(), value="ppo_clip"),
     aggregation=Choice(list(AGGREGATIONS), value="seq-mean-token-mean"),

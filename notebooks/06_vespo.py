@@ -38,8 +38,9 @@
 # - Compare VESPO's exact bias, variance and MSE with the other mappings on a bandit and on a
 #   token MDP, explain its first-order bias, and tune its knobs.
 #
-# **Runtime**: about 15 s at full size, about 9 s with `SIMKIT_FAST=1` (kernel start
-# included, one CPU core). Everything is exact (enumeration) except one Monte Carlo check.
+# **Runtime**: about 15 s at full size, 7–13 s with `SIMKIT_FAST=1` (kernel start
+# included, one CPU core; the range is machine load). Everything is exact (enumeration)
+# except one Monte Carlo check.
 #
 # **Prerequisites**: notebooks 01 (divergences, `shifts.dial`), 04 (exact bias and variance
 # with `experiment.run`) and 05 (the token MDP, $(1+\chi^2)^T$).
@@ -81,6 +82,9 @@ print(DEFAULT)
 # - Since $\mathrm{KL}(Q\|\pi) = \mathbb{E}_Q[\log Q - \log\mu] - \mathbb{E}_Q[\log W]$, the
 #   objective is **exactly** $(1-\alpha)\,\mathrm{KL}(Q\|\mu) + \alpha\,\mathrm{KL}(Q\|\pi)$:
 #   for $\alpha \in [0, 1]$ a compromise between staying near the data and reaching the target.
+#   VESPO's $\alpha$ (its $k$, 2 or 3) lies *outside* $[0, 1]$: without the budget the
+#   optimum $\mu^{1-\alpha}\pi^\alpha$ would overshoot past $\pi$, and the budget is what
+#   holds it back.
 # - The budget is a variance budget: for $Q = \pi$,
 #   $\mathbb{E}_\pi[W] = \mathbb{E}_\mu[W^2] = 1 + \chi^2(\pi\|\mu)$ (notebook 02), the quantity
 #   that explodes like $(1+\chi^2)^T$ with the length (notebook 05).
@@ -191,8 +195,8 @@ assert np.allclose(tilted(0.0, alpha=0.0), mu8) and np.allclose(tilted(0.0, alph
 #   \varphi(W) = W^{k}\,e^{\lambda(1-W)},\qquad Z = \mathbb{E}_\mu[\varphi(W)],$$
 #
 # where the constant $e^{\lambda}$ makes $\varphi(1) = 1$ (on-policy, VESPO is REINFORCE).
-# $W^k$ pulls $\mu$ towards $\pi$ (for $k = 1$ it would *be* $\pi$), and $e^{-\lambda W}$
-# brakes the pull where the weight is large.
+# $W^k$ pulls $\mu$ towards $\pi$ (for $k = 1$ and no brake it would *be* $\pi$; $k > 1$
+# pulls past it), and $e^{-\lambda W}$ brakes the pull where the weight is large.
 #
 # **One token.** With a single token, $W = \pi/\mu$ per outcome. The bars compare $\pi$, $\mu$
 # and the two proposals on the 8 outcomes of section 1.
@@ -268,7 +272,11 @@ chernoff = optimize.minimize_scalar(
     options={"xatol": 1e-12},
 )
 theta_star, Lambda_star = chernoff.x, chernoff.fun
-print(f"χ²(π‖μ) = {divergence.chi2(pi_tok, mu_tok):.4f} per token; θ* = {theta_star:.4f}")
+print(
+    f"χ²(π‖μ) = {divergence.chi2(pi_tok, mu_tok):.4f} per token; Chernoff point "
+    f"θ* = {theta_star:.4f}, Λ(θ*) = {Lambda_star:.5f}"
+)
+assert 0 < theta_star < 1 and Lambda_star < 0
 
 
 def sequence_law(T, pi=pi_tok, mu=mu_tok):
@@ -811,7 +819,14 @@ ax.plot(
 )
 ax.plot(knob_grid, knob_grid, "w:", label="k = λ")
 ax.set(xlabel="λ (A ≥ 0)", ylabel="k (A ≥ 0)", title=f"T = 8, χ² = {CHI2_TOK} per token")
-ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
+ax.legend(
+    fontsize=7,
+    loc="upper center",
+    bbox_to_anchor=(0.5, -0.15),
+    ncol=2,
+    facecolor="0.4",
+    labelcolor="white",
+)
 plt.show()
 print(
     f"default MSE {default_mse:.4f}; grid best {mse_grid[i, j]:.4f} at k = {k_best:.3g}, "

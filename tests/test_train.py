@@ -80,6 +80,22 @@ def test_on_policy_every_mapping_is_reinforce_bit_for_bit(eos):
     assert not other[NON_NAME].equals(reference[NON_NAME])
 
 
+def test_on_policy_log_ratios_are_exactly_zero_whatever_the_logits_layout():
+    """A constructor broadcasts stationary logits, leaving θ laid out with T fastest; log π and
+    log μ must still be computed in the same order (regression: V = 8 gave |log r| = 4e-16)."""
+    env = TokenMDP.at_least_k(V=8, T=12, k=3, seed=0)
+    assert not env.logits.flags["C_CONTIGUOUS"]  # the layout that exposed it
+    tables = [
+        train(env, TrainConfig(grpo(n), steps=6, batch=16, lr=0.05), seed=0)
+        for n in ("naive", "tis_token", "vespo")
+    ]
+    for table in tables:
+        assert (table["max_abs_log_ratio"] == 0.0).all()
+        assert table[NON_NAME].equals(tables[0][NON_NAME])
+    theta = np.asarray(env.logits)
+    np.testing.assert_array_equal(log_softmax(theta), log_softmax(np.ascontiguousarray(theta)))
+
+
 def test_on_policy_exceptions_are_really_exceptions():
     env = small_env()
     runs = [

@@ -19,8 +19,8 @@
 # Worked solutions to the exercises of `06_vespo`. Every check is exact (closed forms,
 # enumeration of count vectors or of all sequences of the token MDP); no Monte Carlo.
 #
-# **Runtime**: about 8 s at full size, about 6 s with `SIMKIT_FAST=1` (kernel start
-# included, one CPU core).
+# **Runtime**: about 6 s at full size and with `SIMKIT_FAST=1` (kernel start included, one
+# CPU core).
 
 # %%
 # %matplotlib inline

@@ -8,13 +8,15 @@ emulated inference engine (:class:`simkit.train.Mismatch`: logits rounded to bf1
 "toxic-tail" spikes that starve the rarest tokens of a state) and no staleness (N = 1, lag 0),
 so that the mismatch is the only source of off-policyness.
 
-Setting (full size): ``TokenMDP.answer_correct(V = 32, T = 128, scale = 2)`` (R = 1 iff the
-last token is the answer; the initial logits are N(0, 4), so π is peaked as a pretrained
-model's is and bf16 rounding is visible), Adam (lr 0.03, gradient norm clipped to 1), 32
-sequences per update (4 GRPO groups of 8), 1000 steps, exact J every 10, seeds 0, 1, 2; the
-panels are three mismatch models: none (every recipe is then on-policy REINFORCE: the curves
-coincide), bf16, and bf16 + logit noise σ = 0.05 + toxic-tail spikes (each state's 2 rarest
-tokens starved by e^{−6} with probability 0.02 per rollout).
+Setting (full size): ``TokenMDP.answer_correct(V = 32, T = 128, scale = 2, answer = 26)``
+(R = 1 iff the last token is the answer; the initial logits are N(0, 4), so π is peaked as a
+pretrained model's is, bf16 rounding is visible, and the answer token starts rare: J(π₀) ≈
+0.002), Adam (lr 0.03, gradient norm clipped to 1), 32 sequences per update (4 GRPO groups of
+8), 600 steps, exact J every 10, seeds 0, 1, 2. Panels: no mismatch (every recipe is then
+on-policy REINFORCE: the curves coincide); bf16 + logit noise σ = 0.1 (a sequence's log-ratio
+then spreads like σ·√T: the sequence-level weights feel the length); bf16 + toxic-tail spikes
+(with probability 0.5 per state and rollout, the 8 rarest tokens of the state get μ × e^{−6}:
+the rare correct answer is under-sampled and, when sampled, carries a ratio of e^6).
 
 The grid is ``configs/train_mismatch_curves.toml`` (:func:`sweep_config`); :func:`compute`
 returns :class:`~simkit.figures.staleness_curves.Data`-like :class:`Data` with the notes:
@@ -48,13 +50,18 @@ NAME = "mismatch_curves"
 TITLE = "Learning curves under train–inference mismatch (token-TIS, seq-MIS, Geo-Mask, VESPO)"
 CAPTION = (
     "exact J(π) against the optimizer step for token-TIS, seq-MIS, Geo-Mask, VESPO and the "
-    "uncorrected (naive) loss on a token MDP (answer_correct, V = 32, T = 128) when the "
-    "rollouts come from an emulated inference engine (no staleness: N = 1): no mismatch, bf16 "
-    "logits, and bf16 + logit noise + toxic-tail spikes on rare tokens. Mean over 3 seeds with "
+    "uncorrected (naive) loss on a token MDP (answer_correct, V = 32, T = 128, a rare answer "
+    "token) when the rollouts come from an emulated inference engine (no staleness: N = 1): no "
+    "mismatch, bf16 logits + logit noise, and bf16 + toxic-tail spikes that starve the rarest "
+    "tokens (the answer among them at the start). Mean over 3 seeds with "
     "the min–max band. The notes state whether rl-collapse's ordering (token-level "
     "corrections collapse, sequence-level masking does not) is reproduced here, as measured."
 )
 
+#: the answer token of the full-size environment: under the initial logits (seed 0, scale 2) it
+#: is among the 8 rarest of 32 tokens in two of the three states, so toxic-tail spikes on the 8
+#: rarest tokens starve the correct answer in μ (the case where the engine's tail error matters)
+ANSWER = 26
 #: rl-collapse: token-level corrections collapse, sequence-level masks stay stable
 PAPER_TOKEN_LEVEL = ("tis",)
 PAPER_SEQUENCE_LEVEL = ("mis", "geo_mask")
@@ -68,25 +75,19 @@ class Config:
     constructor: str = "answer_correct"
     V: int = 32
     T: int = 128
-    env_kwargs: tuple = ()
+    env_kwargs: tuple = (("answer", ANSWER),)
     scale: float = 2.0
     env_seed: int = 0
     recipes: tuple[str, ...] = ("tis", "mis", "geo_mask", "vespo", "naive")
     mismatches: tuple[Mismatch, ...] = (
         Mismatch(),
-        Mismatch(precision="bf16"),
-        Mismatch(
-            precision="bf16",
-            logit_noise=0.05,
-            spike_prob=0.02,
-            spike_strength=6.0,
-            spike_tokens=2,
-        ),
+        Mismatch(precision="bf16", logit_noise=0.1),
+        Mismatch(precision="bf16", spike_prob=0.5, spike_strength=6.0, spike_tokens=8),
     )
     minibatches: int = 1
     minibatch_size: int = 32
     group_size: int = 8
-    steps: int = 1000
+    steps: int = 600
     lr: float = 0.03
     max_grad_norm: float | None = 1.0
     record_every: int = 10
@@ -105,6 +106,7 @@ def config(small: bool = False) -> Config:
         return Config(
             V=6,
             T=10,
+            env_kwargs=(),
             scale=2.0,
             recipes=("tis", "mis", "vespo"),
             mismatches=(

@@ -11,8 +11,10 @@ Setting (full size): ``TokenMDP.at_least_k(V = 32, T = 64, k = 6)`` (R = 1 iff t
 at least 6 times; J(π₀) ≈ 0.003, J* = 1), Adam (lr 0.03, gradient norm clipped to 1), mini-batch
 of m = 32 sequences (4 groups of G = 8) per update and rollout batch N·m, so that every N takes
 the same 1000 updates on the same number of samples and only the staleness changes; J exact
-every 10 steps; seeds 0, 1, 2 (a seed fixes the run's random streams: N = 1 runs of every
-recipe coincide, the on-policy REINFORCE curve).
+every 10 steps; seeds 0, 1, 2 (a seed fixes the run's random streams: the N = 1 runs of every
+recipe are the on-policy REINFORCE curve — bit for bit among recipes with the same aggregation,
+to rounding between token-mean and seq-mean-token-mean, which give every token of these
+fixed-length sequences the same weight 1/(m·T) computed in another order).
 
 The grid is a :class:`simkit.config.TrainSweepConfig` (:func:`sweep_config`;
 ``configs/train_staleness_curves.toml`` is the same grid, so ``simkit sweep`` reproduces the

@@ -65,7 +65,16 @@ Hyperparameters have the names, defaults, presets and validation of the numpy da
 :mod:`simkit.mappings` (``policy_loss`` builds ``simkit.mappings.get(name, preset, **hp)`` and
 reads its fields); the clamps are theirs too. ``max_log_ratio`` caps the *value* of an
 exponentiated log-ratio; as in :mod:`simkit.mappings` the coefficient above the cap is e^cap,
-not 0 (the capped exponential passes its value as gradient).
+not 0 (the capped exponential passes its value as gradient); clip bands are decided on the
+log-ratio itself, so a cap below a band's upper end does not bring a clipped token back.
+
+How the gradient is carried. Most surrogates are plain autograd through r = exp(log π − log μ)
+(with one custom step, :func:`band_clamp`, whose backward reuses the forward's outside-mask).
+SAPO, LUFFY, GMPO and ASPO compute F and its derivative c = ∂F/∂log r together
+(:func:`analytic_surrogate`): the backward is then one multiplication instead of the chain of
+every elementary operation. Either way autograd's ∂loss/∂log_prob is −c·A/Z, and the tests
+check the gradient against :mod:`simkit.mappings` and the surrogate values against the papers'
+F (``mapping.f``).
 
 Conventions and numerics
 ------------------------
@@ -77,8 +86,12 @@ Conventions and numerics
 - Computation in float32 (float64 when ``log_prob`` is float64), whatever the input dtype
   (bf16/fp16 inputs are upcast). The loss is returned in that dtype. Everything is in log space;
   exponentials are capped before they are taken.
-- Padded positions contribute exactly nothing: log-ratios are formed with ``torch.where`` so
-  ±inf/NaN garbage there reaches neither the loss nor the gradient.
+- Padded positions contribute exactly nothing: log r = (log π − log μ)·mask when every
+  difference is finite, else (±inf/NaN garbage on padding) with ``torch.where``, so that the
+  garbage reaches neither the loss, nor the gradient, nor the metrics. A NaN log-ratio on a
+  valid token is a ``ValueError``.
+- One host synchronisation per call for the range of the log-ratios (it decides whether a cap
+  can bind and whether the padding needs the select) and one more for the metrics.
 - Device-agnostic: every tensor is created on the inputs' device.
 
 Metrics
@@ -90,16 +103,19 @@ sequence weights), ``chi2_tok`` / ``chi2_seq`` (Monte Carlo χ²(π‖μ): mean 
 tokens / mean W² − 1 over rows), ``kl_k1`` / ``kl_k3`` and ``kl_k1_seq`` / ``kl_k3_seq`` (Schulman's
 estimators of KL(μ‖π) from samples of μ, per token and per sequence: k1 = −log r,
 k3 = (r − 1) − log r), ``log_ratio_mean`` and ``log_ratio_abs_max`` (mean and largest |log r|
-over valid tokens) and, for ``psis``, ``khat`` (the Pareto tail shape of the batch's W). The χ²
-estimates are formed in log space and reported as ``inf`` only beyond the float64 range.
-``compute_metrics=False`` skips them (about half the cost of a cheap loss on CPU).
+over valid tokens) and, for ``psis``, ``khat`` (the Pareto tail shape of the batch's W). Token
+sums use e = expm1(log r) (no cancellation near r = 1): χ² = mean(e² + 2e), k3 = mean(e − log r);
+in float32 both stay within ~1e-5 relative of the float64 values down to a log-ratio spread of
+1e-4 (0.5M tokens). When r² could overflow the compute dtype, χ² is formed in float64 log space
+and k3 in float64; values beyond the float64 range are reported as ``inf``, never NaN.
+``compute_metrics=False`` skips them (the metrics cost about as much as a cheap loss on CPU).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -191,7 +207,6 @@ class _Batch:
     log_s: torch.Tensor
     lr_min: float
     lr_max: float
-    cache: dict = field(default_factory=dict)
 
     def per_row(self, value_pos: float, value_neg: float) -> torch.Tensor:
         """(N,) tensor: ``value_pos`` on rows with A >= 0, ``value_neg`` on the others."""
@@ -203,18 +218,14 @@ class _Batch:
         """r = exp(min(log r, cap)) (N, T), differentiable with ∂r/∂log r = r also above the cap
         (:func:`capped_exp`); a plain ``exp`` when no log-ratio exceeds the cap."""
         if self.lr_max <= cap:
-            r = torch.exp(self.log_ratio)
-            self.cache["r"] = r.detach()  # the metrics reuse it
-            return r
+            return torch.exp(self.log_ratio)
         return capped_exp(self.log_ratio, cap)
 
     def ratio_value(self, log_ratio: torch.Tensor, cap: float) -> torch.Tensor:
         """exp(min(``log_ratio``, cap)) without autograd, for a kernel that computes its own
         derivative; ``log_ratio`` is this batch's (its detached values)."""
         if self.lr_max <= cap:
-            r = torch.exp(log_ratio)
-            self.cache["r"] = r
-            return r
+            return torch.exp(log_ratio)
         return torch.exp(torch.clamp(log_ratio, max=cap))
 
     def count_flags(self, flags: torch.Tensor) -> torch.Tensor:
@@ -290,7 +301,8 @@ class _BandClamp(torch.autograd.Function):
 
     @staticmethod
     def forward(x, lo, hi):
-        y = torch.clamp(x, lo, hi)
+        # = clamp(x, lo, hi) for lo <= hi; two broadcast min/max are faster than one clamp
+        y = torch.maximum(torch.minimum(x, hi), lo)
         return y, y != x
 
     @staticmethod
@@ -617,9 +629,9 @@ def _m2po(m, b: _Batch) -> _Terms:
     removed = m2po_removed(b.log_ratio, b.mask, b.positive, m.tau, m.trust_region_only)
     r = b.ratio(m.max_log_ratio)
     if removed is None:
-        return _Terms(tok=r, n_clipped=lambda: torch.zeros((), device=r.device))
-    F = r * (~removed).to(r.dtype)
-    return _Terms(tok=F, n_clipped=lambda: removed.sum())
+        return _Terms(tok=r, n_clipped=None)
+    kept = torch.logical_not(removed).view(torch.uint8).to(r.dtype)
+    return _Terms(tok=r * kept, n_clipped=lambda: b.count_flags(removed))
 
 
 def _topr(m, b: _Batch) -> _Terms:
@@ -772,32 +784,40 @@ def m2po_removed(
     Zheng et al., "Prosperity before collapse", arXiv 2510.01161, Algorithm 1: while the mean
     of (log r_t)² over the remaining candidate tokens exceeds τ, remove the largest (ties: first
     in row-major order). Candidates: valid tokens, restricted (``trust_region_only``) to the side
-    PPO's clip acts on (A >= 0 and r_t > 1, or A < 0 and r_t < 1). ``log_ratio``, ``mask``
-    (N, T), ``positive`` (N,) bool. Sums in float64.
+    PPO's clip acts on (A >= 0 and r_t > 1, or A < 0 and r_t < 1). ``log_ratio`` (N, T) must be
+    0 on padded positions; ``mask`` (N, T) bool, ``positive`` (N,) bool. The total is summed in
+    float64.
     """
     lr = log_ratio.detach()
-    cand = mask
     if trust_region_only:
-        cand = mask & torch.where(positive[:, None], lr > 0, lr < 0)
-    sq = torch.where(cand, lr * lr, 0.0)
-    total = float(sq.sum(dtype=torch.float64))
-    n = int(cand.sum())
+        # the side of the sign of A: s·log r > 0 with s = ±1 (a padded log r = 0 never is)
+        side = torch.where(positive, 1.0, -1.0).to(lr.dtype)[:, None]
+        cand = (lr * side) > 0
+        sq = (lr * lr).mul_(cand.view(torch.uint8).to(lr.dtype))
+    else:
+        cand = mask
+        sq = lr * lr  # 0 on padding
+    total, n = torch.stack(
+        [sq.sum(dtype=torch.float64), torch.count_nonzero(cand).to(torch.float64)]
+    ).tolist()
+    n = int(n)
     if n == 0 or total <= tau * n:
         return None
-    values = sq[cand]
-    k, threshold = _smallest_removal(values, total, tau)
-    removed = cand & (sq > threshold)
-    extra = k - int(removed.sum())
+    k, threshold = _smallest_removal(sq.reshape(-1), n, total, tau)
+    removed = sq > threshold  # implies a candidate: non-candidates hold 0 <= threshold
+    extra = k - int(torch.count_nonzero(removed))
     if extra > 0:
         ties = torch.nonzero((cand & (sq == threshold)).reshape(-1)).reshape(-1)[:extra]
         removed = removed.reshape(-1).index_fill(0, ties, True).reshape(sq.shape)
     return removed
 
 
-def _smallest_removal(values: torch.Tensor, total: float, tau: float) -> tuple[int, torch.Tensor]:
-    """Smallest k such that the mean of ``values`` without its k largest is <= τ, and the k-th
-    largest value (only the top of the distribution is sorted, growing it until k is found)."""
-    n = values.numel()
+def _smallest_removal(
+    values: torch.Tensor, n: int, total: float, tau: float
+) -> tuple[int, torch.Tensor]:
+    """Smallest k such that the mean of the n candidate values without their k largest is
+    <= τ, and the k-th largest value. ``values`` holds the candidates' values and zeros for the
+    other entries (never above a candidate's); only the top is sorted, grown until k is found."""
     top = min(n, 1024)
     while True:
         part = torch.topk(values, top).values
@@ -1085,11 +1105,10 @@ def _metrics(b: _Batch, terms: _Terms) -> dict[str, float]:
         if lr.numel() == 0:
             token_stats = [zero, zero]
         elif b.lr_max <= limit:
-            r = b.cache["r"] if "r" in b.cache else torch.exp(lr)
-            e = (r - 1.0).reshape(-1)  # r − 1: 0 on padding
-            sum_e = e.sum()
-            # Σ(r² − 1) = Σ(e² + 2e); Σ(r − 1 − log r) = Σe − Σ log r (added up in float64)
-            token_stats = [torch.dot(e, e) + 2.0 * sum_e, sum_e.to(torch.float64) - log_w.sum()]
+            e = torch.expm1(lr).reshape(-1)  # r − 1 without cancellation; 0 on padding
+            # Σ(r² − 1) = Σ(e² + 2e) and Σ(r − 1 − log r) = Σ(e − log r), each term accurate
+            sum_r2m1 = torch.dot(e, e) + 2.0 * e.sum()
+            token_stats = [sum_r2m1, e.sub_(lr.reshape(-1)).sum()]
         else:
             lr64 = lr.to(torch.float64)
             shift = max(b.lr_max, 0.0)

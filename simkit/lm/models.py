@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import inspect
 import json
 import os
 import tempfile
@@ -44,11 +45,13 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "SIMKIT_EAGER",
     "SMOLLM2_INSTALL_HINT",
     "LogitFn",
     "LogitsProcessor",
     "Rollout",
     "default_cache_dir",
+    "eager_attention",
     "gguf_metadata",
     "gguf_state_dict",
     "llama_config_from_gguf",
@@ -72,7 +75,8 @@ _CONVERTER_VERSION = 1
 _HASH_PREFIX = 16  # hex characters of the file's sha256 used in the cache key
 
 LogitsProcessor = Callable[[Tensor], Tensor]
-"""Maps raw next-token logits (…, V) (float32) to normalised log-probabilities (…, V)."""
+"""Maps raw next-token logits (…, V) (float32, or float64 for a float64 model) to normalised
+log-probabilities (…, V)."""
 
 LogitFn = Callable[[Tensor, Tensor], Tensor]
 """``(input_ids (N, t), attention_mask (N, t)) -> next-token logits (N, V)``."""
@@ -123,6 +127,50 @@ def _model_device(model: torch.nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
+# --- attention ------------------------------------------------------------------------------
+
+#: name under which :func:`eager_attention` is registered with transformers
+SIMKIT_EAGER = "simkit_eager"
+
+
+def eager_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """Eager multi-head attention with the softmax in the model's precision (at least float32).
+
+    The computation of transformers' Llama ``eager_attention_forward`` — scores q·kᵀ·scaling,
+    the additive mask, softmax over keys, weighted values, with ``num_key_value_groups`` query
+    heads per key/value head (grouped-query attention) — except that transformers takes the
+    softmax in float32 whatever the model dtype. For a float64 model that loses float64
+    precision and turns the mask's finfo(float64).min into −inf, so that a left-padded row
+    (whose padded queries see no key at all) becomes NaN everywhere. Here the softmax runs in
+    promote(dtype, float32). query (B, H, L, d), key/value (B, H_kv, S, d); returns
+    (B, L, H, d) and the weights (B, H, L, S), as transformers' attention functions do.
+    """
+    groups = getattr(module, "num_key_value_groups", 1)
+    if groups > 1:
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
+    weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        weights = weights + attention_mask
+    softmax_dtype = torch.promote_types(query.dtype, torch.float32)
+    weights = torch.softmax(weights, dim=-1, dtype=softmax_dtype).to(query.dtype)
+    weights = torch.nn.functional.dropout(weights, p=dropout, training=module.training)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
+def _attention(name: str) -> str:
+    """The transformers attention implementation for ``name``: ``"sdpa"`` as is, ``"eager"``
+    → :data:`SIMKIT_EAGER` (registered on first use, with transformers' eager mask)."""
+    if name == "sdpa":
+        return name
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register(SIMKIT_EAGER, eager_attention)
+    AttentionMaskInterface.register(SIMKIT_EAGER, eager_mask)
+    return SIMKIT_EAGER
+
+
 # --- the tiny model -------------------------------------------------------------------------
 
 
@@ -166,7 +214,8 @@ def tiny_llama(
     nearly uniform next-token distribution; larger values (0.3–1) give peaked policies.
     No BOS/EOS/pad ids are set in the config: pass ``eos_token_id`` to :func:`sample_responses`.
 
-    ``attn_implementation`` (``"eager"`` or ``"sdpa"``): eager attention composes with
+    ``attn_implementation`` (``"eager"`` or ``"sdpa"``; eager is :func:`eager_attention`):
+    eager attention composes with
     ``torch.func`` transforms (per-sample gradients). Returns the model in eval mode.
     """
     vocab_size = _check_positive_int(vocab_size, "vocab_size", 2)
@@ -217,7 +266,7 @@ def tiny_llama(
         eos_token_id=None,
         pad_token_id=None,
     )
-    config._attn_implementation = attn_implementation
+    config._attn_implementation = _attention(attn_implementation)
     with _skip_init():
         model = LlamaForCausalLM(config)
     if config.tie_word_embeddings:
@@ -599,7 +648,7 @@ def load_smollm2(
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     config = LlamaConfig.from_dict(json.loads((entry / "config.json").read_text()))
-    config._attn_implementation = attn_implementation
+    config._attn_implementation = _attention(attn_implementation)
     with _skip_init():
         model = LlamaForCausalLM(config)
     state = load_file(str(entry / "model.safetensors"))
@@ -635,6 +684,11 @@ def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
     """
     mask = attention_mask.long()
     return (mask.cumsum(dim=-1) - 1).clamp_min(0)
+
+
+def _score_dtype(logits: Tensor) -> Tensor:
+    """Logits in the dtype log-probabilities are computed in: float64 stays, else float32."""
+    return logits if logits.dtype == torch.float64 else logits.float()
 
 
 def _check_ids_mask(input_ids, attention_mask) -> tuple[Tensor, Tensor]:
@@ -680,14 +734,15 @@ def sequence_log_probs(
     """Per-token log-probabilities log π(y_t | y_<t) of the response tokens.
 
     ``out[n, t] = log softmax(z_{n,t−1})[input_ids[n, t]]`` where z are the model's logits
-    (cast to float32), for ``response_mask[n, t]`` true, and 0 elsewhere. With a
+    (cast to float32; float64 logits stay float64), for ``response_mask[n, t]`` true, and 0
+    elsewhere. With a
     ``logits_processor`` (a behaviour map, e.g. a temperature) the log-probabilities are
     ``logits_processor(z)`` instead; it must return normalised log-probabilities. Differentiable
     (no ``no_grad`` inside): the loss path calls it for π.
 
     input_ids: (N, T) integer; attention_mask, response_mask: (N, T) 0/1 (bool or integer;
     ``response_mask[:, 0]`` must be false — a response follows a prompt, and response tokens
-    must be attended). Returns (N, T) float32.
+    must be attended). Returns (N, T) float32 (float64 for a float64 model).
     """
     input_ids, mask = _check_ids_mask(input_ids, attention_mask)
     resp = _as_mask(response_mask, "response_mask", tuple(input_ids.shape))
@@ -695,7 +750,7 @@ def sequence_log_probs(
         raise ValueError("response_mask[:, 0] must be False: the first token has no prefix")
     if bool((resp & ~mask).any()):
         raise ValueError("response_mask marks tokens that attention_mask masks out")
-    logits = _raw_logits(model, input_ids, mask)[:, :-1].float()
+    logits = _score_dtype(_raw_logits(model, input_ids, mask)[:, :-1])
     targets = input_ids[:, 1:].unsqueeze(-1)
     if logits_processor is None:
         chosen = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
@@ -717,8 +772,9 @@ class Rollout:
 
     input_ids: (N, P+L) long. attention_mask: (N, P+L) long (1 = real token).
     response_mask: (N, P+L) bool (1 = sampled response token, EOS included).
-    behaviour_log_probs: (N, P+L) float32, log μ(y_t | y_<t) of each sampled token as computed
-    by the sampler (incremental decoding; a full forward pass reproduces it up to float
+    behaviour_log_probs: (N, P+L) float32 (float64 for a float64 model), log μ(y_t | y_<t) of
+    each sampled token as computed by the sampler (incremental decoding; a full forward pass
+    reproduces it up to float
     rounding), 0 off the response. finished: (N,) bool, the row emitted EOS.
     prompt_length: P.
     """
@@ -756,6 +812,18 @@ class Rollout:
         )
 
 
+def _cache_keyword(model: torch.nn.Module) -> str:
+    """The forward keyword of the KV cache: ``cache`` (transformers 5.2x, which deprecates
+    ``past_key_values``) or ``past_key_values`` (older releases)."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _output_cache(out):
+    cache = getattr(out, "cache", None)
+    return out.past_key_values if cache is None else cache
+
+
 def _check_left_padded(mask: Tensor) -> None:
     if bool((mask.sum(dim=-1) == 0).any()):
         raise ValueError("prompt_attention_mask has a row with no real token")
@@ -767,7 +835,7 @@ def _check_left_padded(mask: Tensor) -> None:
 
 
 def _next_log_probs(logits: Tensor, logits_processor: LogitsProcessor | None) -> Tensor:
-    logits = logits.float()
+    logits = _score_dtype(logits)
     if logits_processor is None:
         return torch.log_softmax(logits, dim=-1)
     log_p = logits_processor(logits)
@@ -775,7 +843,7 @@ def _next_log_probs(logits: Tensor, logits_processor: LogitsProcessor | None) ->
         raise ValueError(
             f"logits_processor returned shape {tuple(log_p.shape)}, expected {tuple(logits.shape)}"
         )
-    return log_p.float()
+    return log_p.to(logits.dtype)
 
 
 def sample_responses(
@@ -791,7 +859,8 @@ def sample_responses(
 ) -> Rollout:
     """Sample responses autoregressively: y_t ~ μ(· | prompt, y_<t), one token per step.
 
-    μ(·|h) = exp(logits_processor(z(h))) with z the next-token logits (cast to float32), or
+    μ(·|h) = exp(logits_processor(z(h))) with z the next-token logits (cast to float32, float64
+    kept), or
     softmax(z) without a processor. Tokens are drawn with ``torch.multinomial`` from
     ``generator`` (so a seeded generator gives the same rollout; it must live on the logits'
     device). A row stops after emitting ``eos_token_id`` (never if None); the loop stops when
@@ -830,6 +899,7 @@ def sample_responses(
     if not is_module and not callable(model_or_logit_fn):
         raise TypeError("model_or_logit_fn must be a causal LM module or a callable LogitFn")
     device = _model_device(model_or_logit_fn) if is_module else prompt_ids.device
+    cache_kw = _cache_keyword(model_or_logit_fn) if is_module else None
     if generator.device.type != device.type:
         raise ValueError(
             f"generator lives on {generator.device} but the logits are on {device}; "
@@ -856,10 +926,10 @@ def sample_responses(
                         input_ids=ids[:, -1:],
                         attention_mask=mask,
                         position_ids=position_ids_from_mask(mask)[:, -1:],
-                        past_key_values=cache,
                         use_cache=True,
+                        **{cache_kw: cache},
                     )
-                cache = out.past_key_values
+                cache = _output_cache(out)
                 logits = out.logits[:, -1]
             else:
                 logits = model_or_logit_fn(ids, mask)
@@ -895,7 +965,7 @@ def sample_responses(
         input_ids=ids,
         attention_mask=mask,
         response_mask=torch.cat([pad_cols, resp_mask], dim=1),
-        behaviour_log_probs=torch.cat([pad_cols.float(), logp], dim=1),
+        behaviour_log_probs=torch.cat([pad_cols.to(logp.dtype), logp], dim=1),
         finished=finished,
         prompt_length=int(p_len),
     )

@@ -327,7 +327,9 @@ def _check_seed(seed) -> int:
 
 
 def _initial_state(env: TokenMDP, config: TrainConfig, seed: int) -> _State:
-    theta = np.array(env.logits, dtype=np.float64)
+    # C order: an env built by broadcasting has (T, P, V) logits laid out with T fastest, and
+    # reductions over V then sum in another order (other last bits) than on a C-order copy
+    theta = np.array(env.logits, dtype=np.float64, order="C")
     rng_sample, rng_mismatch = _generators(seed)
     return _State(0, theta, config.make_optimizer().init(theta), [], None, rng_sample, rng_mismatch)
 

@@ -49,9 +49,11 @@ def log_softmax(logits) -> np.ndarray:
     """log softmax over the last axis: x − max − log Σ exp(x − max), shape of ``logits``.
 
     The trainer's log π and the engine's log μ are both computed with this function, so that
-    when θ_b = θ and there is no mismatch, log π − log μ is exactly 0.0 (bit for bit).
+    when θ_b = θ and there is no mismatch, log π − log μ is exactly 0.0 (bit for bit). The
+    input is made C-contiguous first: numpy sums a non-contiguous last axis in another order,
+    so equal values laid out differently would otherwise differ in the last bits.
     """
-    x = np.asarray(logits, dtype=np.float64)
+    x = np.ascontiguousarray(logits, dtype=np.float64)
     if x.ndim < 1 or x.shape[-1] == 0:
         raise ValueError(f"logits must have a non-empty last axis, got shape {x.shape}")
     shifted = x - x.max(axis=-1, keepdims=True)

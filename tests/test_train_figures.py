@@ -1,0 +1,308 @@
+"""The training figures (staleness_curves, mismatch_curves, collapse_map) and simkit.train's
+analysis and recipes: compute() data at small size, notes, verdicts, drawing."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.figure import Figure
+
+from simkit import mappings
+from simkit.envs import TokenMDP
+from simkit.figures import collapse_map, mismatch_curves, staleness_curves, style
+from simkit.train import recipes
+from simkit.train.analysis import (
+    band,
+    collapsed,
+    normalized_gain,
+    optimal_J,
+    run_summary,
+)
+
+
+@pytest.fixture(scope="module")
+def stale():
+    return staleness_curves.compute(staleness_curves.config(small=True))
+
+
+@pytest.fixture(scope="module")
+def mism():
+    return mismatch_curves.compute(mismatch_curves.config(small=True))
+
+
+@pytest.fixture(scope="module")
+def cmap():
+    return collapse_map.compute(collapse_map.config(small=True))
+
+
+def J_by(table: pd.DataFrame, **where) -> dict:
+    """recipe -> the recorded J column (seed-major) of the rows matching ``where``."""
+    part = table[table["recorded"]]
+    for k, v in where.items():
+        part = part[part[k] == v]
+    return {r: g.sort_values(["seed", "step"])["J"].to_numpy() for r, g in part.groupby("recipe")}
+
+
+# --- staleness_curves -------------------------------------------------------------------------------
+
+
+def test_staleness_N1_curves_coincide_and_stale_ones_do_not(stale):
+    cfg = stale.config
+    on = J_by(stale.table, N=1)
+    assert set(on) == set(cfg.recipes)
+    first = on[cfg.recipes[0]]
+    assert first[-1] > first[0] + 0.1  # it learns
+    by_aggregation = {}
+    for r in cfg.recipes:
+        by_aggregation.setdefault(recipes.RECIPES[r][3], []).append(r)
+        # on-policy REINFORCE: token-mean and seq-mean-token-mean give every token of these
+        # fixed-length sequences the weight 1/(n·T), computed in another order (to rounding)
+        np.testing.assert_allclose(on[r], first, rtol=1e-10, atol=0)
+    assert max(len(v) for v in by_aggregation.values()) > 1
+    for group in by_aggregation.values():
+        for r in group:  # same aggregation: the same floating-point operations, bit for bit
+            np.testing.assert_array_equal(on[r], on[group[0]])
+    stale_J = J_by(stale.table, N=max(cfg.staleness))
+    assert len({tuple(v) for v in stale_J.values()}) > 1  # staleness separates the recipes
+    at = stale.table[stale.table["N"] == max(cfg.staleness)]
+    assert (at.loc[at["minibatch"] > 0, "chi2_seq"].dropna() > 0).all()
+
+
+def test_staleness_bands_are_over_seeds(stale):
+    cfg, curves = stale.config, stale.curves
+    assert (curves["runs"] == len(cfg.seeds)).all()
+    assert (curves["lo"] <= curves["mean"] + 1e-15).all()
+    assert (curves["mean"] <= curves["hi"] + 1e-15).all()
+    rec = stale.table[stale.table["recorded"]]
+    expected = rec.groupby(["recipe", "N", "step"])["J"].agg(["mean", "min", "max"])
+    got = curves.set_index(["recipe", "N", "step"]).loc[expected.index]
+    np.testing.assert_allclose(got["mean"], expected["mean"], rtol=1e-14)
+    np.testing.assert_array_equal(got["lo"], expected["min"])
+    np.testing.assert_array_equal(got["hi"], expected["max"])
+    # the seeds really differ (a band, not a line) where the runs are stochastic
+    assert (curves["hi"] - curves["lo"]).max() > 0
+    assert len(stale.runs) == len(cfg.recipes) * len(cfg.staleness) * len(cfg.seeds)
+    np.testing.assert_allclose(
+        stale.summary.set_index(["recipe", "N"])["J_final"],
+        stale.runs.groupby(["recipe", "N"])["J_final"].mean().loc[
+            stale.summary.set_index(["recipe", "N"]).index
+        ],
+        rtol=1e-14,
+    )
+
+
+def test_staleness_notes_state_environment_sizes_seeds_and_verdict(stale):
+    text = "\n".join(stale.notes)
+    for fragment in (
+        "TokenMDP.at_least_k(V = 8, T = 12, k = 3, seed = 0",
+        "mini-batch of 16 sequences per update, rollout batch N·16",
+        "40 steps, exact J every 4",
+        "seeds 0, 1",
+        "Final J at N = 4",
+        "Paper's claim",
+    ):
+        assert fragment in text, fragment
+    reproduced = "REPRODUCED" in text
+    assert reproduced != ("NOT reproduced" in text)
+    vespo_stable = stale.summary[stale.summary.recipe == "vespo"]["collapsed"].sum() == 0
+    grpo_collapsed = stale.summary.query("recipe == 'grpo' and N == 4")["collapsed"].sum() > 0
+    assert reproduced == (vespo_stable and grpo_collapsed)
+
+
+def summary_of(rows) -> pd.DataFrame:
+    """A per-(recipe, N) summary as staleness_curves.summarize returns it."""
+    return pd.DataFrame(
+        rows, columns=["recipe", "N", "J_final", "J_mean", "collapsed", "runs"]
+    ).assign(J_final_se=0.01, J_mean_se=0.01)
+
+
+def test_staleness_verdict_follows_the_measurements():
+    stable_vespo = [("vespo", 1, 0.99, 0.8, 0, 3), ("vespo", 64, 0.98, 0.7, 0, 3)]
+    collapsing = [(r, 64, 0.2, 0.4, 2, 3) for r in ("grpo", "gspo", "sapo")]
+    collapsing += [(r, 1, 0.99, 0.8, 0, 3) for r in ("grpo", "gspo", "sapo")]
+    yes = " ".join(staleness_curves.paper_verdict(summary_of(stable_vespo + collapsing)))
+    assert "REPRODUCED" in yes and "NOT" not in yes
+    assert "exceeds GRPO, GSPO, SAPO by more than 2 SE" in yes
+    calm = [(r, n, 0.99, 0.8, 0, 3) for r, n in itertools.product(("grpo", "gspo", "sapo"), (1, 64))]
+    no = " ".join(staleness_curves.paper_verdict(summary_of(stable_vespo + calm)))
+    assert "NOT reproduced" in no and "No run collapsed" in no
+    broken = [("vespo", 64, 0.1, 0.3, 1, 3), ("vespo", 1, 0.99, 0.8, 0, 3)] + collapsing
+    assert "VESPO collapsed" in " ".join(staleness_curves.paper_verdict(summary_of(broken)))
+
+
+def test_staleness_draw(stale):
+    with style.context():
+        fig = staleness_curves.draw(stale)
+    assert isinstance(fig, Figure)
+    axes = [ax for ax in fig.get_axes() if ax.get_visible() and ax.lines]
+    assert len(axes) == len(stale.config.staleness)
+    assert axes[0].get_title().startswith("N = 1")
+    assert any("Paper's claim" in t.get_text() for sub in fig.subfigs for t in sub.texts)
+
+
+def test_figure_config_errors():
+    with pytest.raises(ValueError, match="unknown recipe"):
+        staleness_curves.Config(recipes=("grpo", "ppo"))
+    with pytest.raises(ValueError, match="staleness values N must be >= 1"):
+        staleness_curves.Config(staleness=(0, 4))
+    with pytest.raises(ValueError, match="non-empty"):
+        mismatch_curves.Config(mismatches=())
+    with pytest.raises(ValueError, match="non-empty"):
+        collapse_map.Config(T=())
+
+
+# --- mismatch_curves ----------------------------------------------------------------------------------
+
+
+def test_mismatch_none_panel_coincides_and_mismatch_separates(mism):
+    none = J_by(mism.table, mismatch="none")
+    first = next(iter(none.values()))
+    for v in none.values():  # every recipe here is token-mean: bit for bit
+        np.testing.assert_array_equal(v, first)
+    label = mism.mismatch_order[-1]
+    assert label.startswith("bf16 + spikes")
+    spiked = mism.table[mism.table["mismatch"] == label]
+    assert (spiked["max_abs_log_ratio"] > 0).all()  # μ ≠ π on every mini-batch
+    assert len({tuple(v) for v in J_by(mism.table, mismatch=label).values()}) > 1
+    assert (mism.curves["runs"] == len(mism.config.seeds)).all()
+
+
+def test_mismatch_notes_and_verdict(mism):
+    text = "\n".join(mism.notes)
+    for fragment in ("answer_correct(V = 6, T = 10", "seeds 0, 1", "Staleness N = 1, no lag",
+                     "rounded to bf16", "rl-collapse's claim"):  # fmt: skip
+        assert fragment in text, fragment
+    rows = [
+        ("tis", "bf16", 0.1, 0.3, 2, 3),
+        ("mis", "bf16", 0.9, 0.7, 0, 3),
+        ("geo_mask", "bf16", 0.9, 0.7, 0, 3),
+    ]
+    frame = pd.DataFrame(rows, columns=["recipe", "mismatch", "J_final", "J_mean", "collapsed", "runs"])
+    frame = frame.assign(J_final_se=0.01, J_mean_se=0.01)
+    yes = " ".join(mismatch_curves.paper_verdict(frame, ["bf16"]))
+    assert "REPRODUCED" in yes and "seq-MIS > token-TIS" in yes
+    frame.loc[0, ["J_final", "collapsed"]] = [0.9, 0]
+    assert "NOT reproduced" in " ".join(mismatch_curves.paper_verdict(frame, ["bf16"]))
+
+
+def test_mismatch_draw(mism):
+    with style.context():
+        fig = mismatch_curves.draw(mism)
+    axes = [ax for ax in fig.get_axes() if ax.lines]
+    assert [ax.get_title() for ax in axes] == ["no mismatch", mism.mismatch_order[1]]
+
+
+# --- collapse_map ----------------------------------------------------------------------------------------
+
+
+def test_collapse_map_grid(cmap):
+    cfg, grid = cmap.config, cmap.grid
+    expected = set(itertools.product(cfg.recipes, cfg.staleness, cfg.T))
+    assert set(zip(grid.recipe, grid.N, grid["T"], strict=True)) == expected
+    runs = cmap.runs
+    manual = (runs.J_final - runs["T"].map(cmap.J_start)) / (
+        runs["T"].map(cmap.J_star) - runs["T"].map(cmap.J_start)
+    )
+    np.testing.assert_allclose(runs.gain, manual, rtol=1e-12)
+    on = grid[grid.N == 1].pivot(index="T", columns="recipe", values="gain")
+    for r in cfg.recipes:  # N = 1: on-policy REINFORCE (aggregations agree to rounding)
+        np.testing.assert_allclose(on[r], on[cfg.recipes[0]], rtol=1e-9)
+    assert (grid.gain > 0).all()  # every cell learned something in the small setting
+    for T in cfg.T:
+        env = TokenMDP.answer_correct(V=cfg.V, T=T)
+        assert cmap.J_start[T] == env.J() and cmap.J_star[T] == 1.0
+    text = "\n".join(cmap.notes)
+    assert "Normalised final gain at N = 4, T = 10" in text and "VESPO's claim" in text
+
+
+def test_collapse_map_draw(cmap):
+    with style.context():
+        fig = collapse_map.draw(cmap)
+    heatmaps = [ax for ax in fig.get_axes() if ax.images]
+    assert len(heatmaps) == len(cmap.config.recipes)
+    cells = len(cmap.config.staleness) * len(cmap.config.T)
+    assert all(len(ax.texts) == cells for ax in heatmaps)
+
+
+# --- analysis -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        TokenMDP.at_least_k(V=3, T=5, k=3, seed=1),
+        TokenMDP.at_least_k(V=4, T=5, k=2, eos=3, seed=2),
+        TokenMDP.markov(V=3, T=4, target=2, eos=1, seed=0),
+        TokenMDP.parity(V=4, T=4, seed=3),
+        TokenMDP.answer_correct(V=3, T=4, seed=4),
+    ],
+    ids=["at_least_k", "at_least_k_eos", "markov_eos", "parity", "answer_correct"],
+)
+def test_optimal_J_is_the_best_sequence_by_enumeration(env):
+    """Every automaton state is its own policy class: a deterministic policy can emit any
+    single sequence, so J* = the largest reward over all sequences (enumerated)."""
+    support = env.support(env.pi)
+    assert optimal_J(env) == support.rewards.max()
+
+
+def test_optimal_J_of_shared_classes_is_an_upper_bound():
+    env = TokenMDP.iid(V=3, T=4, answer=1, seed=0)
+    assert optimal_J(env) == 1.0 >= env.J()
+
+
+def test_collapsed_and_gain():
+    assert collapsed(0.1, 0.9, 0.3)  # lost 0.6 of a 0.8 gain
+    assert not collapsed(0.1, 0.9, 0.6)  # lost 0.3 < 0.4
+    assert not collapsed(0.5, 0.5, 0.1)  # never improved: stalled, not collapsed
+    assert collapsed(0.2, 0.4, 0.1)  # ends below its start
+    with pytest.raises(ValueError, match="fraction"):
+        collapsed(0, 1, 0, fraction=0)
+    np.testing.assert_allclose(normalized_gain([0.2, 1.0, 0.0], 0.2, 1.0), [0.0, 1.0, -0.25])
+    assert np.isnan(normalized_gain(0.5, 1.0, 1.0))
+
+
+def test_run_summary_and_band_on_a_known_table():
+    steps = np.arange(20)
+    J = np.concatenate([np.linspace(0.1, 0.9, 10), np.linspace(0.9, 0.2, 10)])
+    table = pd.DataFrame(
+        {
+            "run": np.repeat([0, 1], 20),
+            "step": np.tile(steps, 2),
+            "recorded": True,
+            "J": np.concatenate([J, np.linspace(0.1, 0.5, 20)]),
+            "cosine": 0.5,
+            "zero_frac": 0.25,
+            "chi2_seq": np.tile(steps, 2) * 0.1,
+        }
+    )
+    s = run_summary(table, "run").set_index("run")
+    assert s.loc[0, "J_peak"] == pytest.approx(0.9) and bool(s.loc[0, "collapsed"])
+    assert s.loc[0, "J_final"] == pytest.approx(J[-2:].mean())  # last 10% of 20 steps
+    assert s.loc[1, "J_final"] == pytest.approx(np.linspace(0.1, 0.5, 20)[-2:].mean())
+    assert not bool(s.loc[1, "collapsed"])
+    assert s.loc[1, "J_mean"] == pytest.approx(0.3) and s.loc[0, "chi2_seq_max"] == pytest.approx(1.9)
+    b = band(table.assign(g="x"), "g")
+    assert (b["runs"] == 2).all() and len(b) == 20
+    np.testing.assert_allclose(b["mean"], (J + np.linspace(0.1, 0.5, 20)) / 2)
+    with pytest.raises(KeyError, match="no column"):
+        run_summary(table, "nope")
+
+
+# --- recipes ---------------------------------------------------------------------------------------------
+
+
+def test_recipes():
+    for name, (label, mapping, preset, aggregation) in recipes.RECIPES.items():
+        est = recipes.recipe(name, group_size=4)
+        assert est.name == label and est.mapping == mappings.get(mapping, preset=preset)
+        assert est.aggregation == aggregation and est.advantage == "grpo" and est.group_size == 4
+        assert recipes.recipe_of(mapping, aggregation) == name
+        entry = recipes.recipe_entry(name, 4)
+        assert entry["mapping"] == mapping and entry["aggregations"] == [aggregation]
+    assert recipes.recipe("gspo").mapping.eps_low == 3e-4  # the paper's band, not the libraries'
+    assert recipes.recipe_of("ppo_clip", "token-mean") is None
+    with pytest.raises(KeyError, match="available recipes: grpo"):
+        recipes.recipe("ppo")
