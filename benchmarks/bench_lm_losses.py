@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--out", default=str(Path(__file__).resolve().parent / "results" / "bench_lm_losses.json")
     )
-    args = parser.parse_args(argv)
+    args, _ = parser.parse_known_args(argv)  # run_all.py passes every script the same flags
     if args.small:
         args.n, args.t = 32, 256
     if args.threads:
