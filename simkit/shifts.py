@@ -243,15 +243,22 @@ class Temperature(ShiftFamily):
         return _softmax(logits)
 
 
+#: second word of the logit-noise direction's seed (ASCII "zdir"), see :class:`LogitNoise`
+NOISE_STREAM = 0x7A646972
+
+
 @register
 @dataclass(frozen=True)
 class LogitNoise(ShiftFamily):
     """Logit noise μ ∝ π·exp(s·z) with a fixed standard-Gaussian direction z ∈ R^V.
 
-    z = ``numpy.random.default_rng(seed).standard_normal(V)`` (the same z for every row of a
-    batch with the same V), so the family is deterministic. strength s ∈ [0, ∞); as s → ∞, μ
-    concentrates on the token of π's support with the largest z. KL(π‖μ_s) increases with s
-    (derivative E_{μ_s}[z] − E_π[z] ≥ 0 for an exponential tilt).
+    z = ``numpy.random.default_rng([seed, NOISE_STREAM]).standard_normal(V)`` (the same z for
+    every row of a batch with the same V), so the family is deterministic. The stream is keyed by
+    (seed, ``NOISE_STREAM``) rather than by ``seed`` alone so that z never coincides with logits a
+    user drew as ``default_rng(seed).normal(size=V)``: with that coincidence "logit noise" would
+    be a sharpening temperature (μ ∝ π^{1+s}), not a perturbation in an independent direction.
+    Strength s ∈ [0, ∞); as s → ∞, μ concentrates on the token of π's support with the largest
+    z. KL(π‖μ_s) increases with s (derivative E_{μ_s}[z] − E_π[z] ≥ 0 for an exponential tilt).
     """
 
     seed: int = 0
@@ -264,7 +271,7 @@ class LogitNoise(ShiftFamily):
 
     def direction(self, V: int) -> np.ndarray:
         """The noise direction z of shape (V,)."""
-        return np.random.default_rng(int(self.seed)).standard_normal(V)
+        return np.random.default_rng([int(self.seed), NOISE_STREAM]).standard_normal(V)
 
     def _apply(self, p, s):
         z = self.direction(p.shape[-1])

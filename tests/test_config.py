@@ -95,9 +95,12 @@ def test_every_example_loads_validates_and_round_trips(path):
     assert SweepConfig.from_dict(tomllib.loads(to_toml(config))) == config
     assert SweepConfig.from_dict(reorder(config.to_dict())) == config
     cells = expand(config)
-    assert len(cells) == len(config.environment.lengths) * len(config.behaviour.targets) * len(
-        config.n
-    )
+    if config.kind == "train":  # a training sweep (kind = "train"): one cell per run
+        assert len(cells) == len(list(config.runs()))
+    else:
+        assert len(cells) == len(config.environment.lengths) * len(config.behaviour.targets) * len(
+            config.n
+        )
     assert len({c.key for c in cells}) == len(cells)
     json.dumps(cells[0].params)  # plain JSON
 

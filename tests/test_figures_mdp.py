@@ -1,5 +1,6 @@
 """Second-wave theory figures (issue 3): each compute(small) and what its data must satisfy."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -227,6 +228,8 @@ def test_markov_dp_equals_the_product_formula_when_every_state_has_the_same_chi2
 def test_seq_tis_optimal_c_data():
     cfg = seq_tis_optimal_c.config(small=True)
     data = seq_tis_optimal_c.compute(cfg)
+    # the same setting with caps beyond the largest W of every χ²: there tis_seq is sequence IS
+    wide = seq_tis_optimal_c.compute(dataclasses.replace(cfg, c_max=1e4, n_c=9))
     assert np.isfinite(data.drop(columns=["at_c_star"]).to_numpy(dtype=float)).all()
     for _, part in data.groupby("chi2_seq"):
         chi2 = part.chi2_seq.iloc[0]
@@ -239,8 +242,9 @@ def test_seq_tis_optimal_c_data():
         assert (part.mse <= part.bound).all()
         # E min(W, C)²‖f‖² grows with C; beyond max W the estimator is sequence IS: unbiased
         assert (np.diff(part.second_moment.to_numpy()) >= -1e-12).all()
-        beyond = part[part.c >= part.w_max]
-        assert len(beyond) >= 1
+        w_max = part.w_max.iloc[0]
+        beyond = wide[(wide.chi2_seq_target == part.chi2_seq_target.iloc[0]) & (wide.c >= w_max)]
+        assert len(beyond) >= 1, f"the wide grid must reach max W = {w_max}"
         assert (beyond.bias < 1e-10).all()
         np.testing.assert_allclose(beyond.mse, part.is_mse.iloc[0], rtol=1e-9)
         # what the figure shows, asserted on this setting: with a batch (variance / n) the

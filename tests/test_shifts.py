@@ -96,7 +96,7 @@ def test_apply_formulas():
     np.testing.assert_allclose(
         shifts.get("temperature", direction="sharpen").apply(PI, s), expected, rtol=1e-13
     )
-    z = np.random.default_rng(3).standard_normal(len(PI))
+    z = np.random.default_rng([3, shifts.NOISE_STREAM]).standard_normal(len(PI))
     expected = PI * np.exp(s * z) / np.sum(PI * np.exp(s * z))
     np.testing.assert_allclose(shifts.get("logit_noise", seed=3).apply(PI, s), expected, rtol=1e-13)
     np.testing.assert_allclose(
@@ -427,3 +427,19 @@ def test_dial_pair_bad_inputs():
         shifts.dial_pair(PI, kl=-0.1, chi2=0.5)
     with pytest.raises(ValueError, match="n_tail = 7 needs pi"):
         shifts.dial_pair(PI, kl=0.1, chi2=0.5, n_tail=7)
+
+
+def test_logit_noise_direction_is_not_the_logits_drawn_from_the_same_seed():
+    # Regression: with z = default_rng(seed).standard_normal(V), a bandit whose logits were drawn
+    # as default_rng(0).normal(size=V) made logit_noise(seed=0) an exact sharpening temperature.
+    V = 16
+    logits = np.random.default_rng(0).normal(0.0, 1.0, V)
+    pi = np.exp(logits - logits.max())
+    pi /= pi.sum()
+    mu = shifts.dial(pi, 1.0, divergence="chi2", family="logit_noise")
+    mu_temp = shifts.dial(
+        pi, 1.0, divergence="chi2", family=shifts.get("temperature", direction="sharpen")
+    )
+    assert np.max(np.abs(mu - mu_temp)) > 1e-3
+    z = shifts.get("logit_noise").direction(V)
+    assert abs(np.corrcoef(z, logits)[0, 1]) < 0.9
