@@ -165,10 +165,15 @@ for C in (0.8, 1.0, 1.5, 3.0, 10.0):
             "−log Z_λ − λC": dual,
             "SLSQP objective": numeric.fun,
             "max |Q_SLSQP − Q*|": np.abs(numeric.x - q_star).max(),
+            "SLSQP status": numeric.message,
         }
     )
-    assert numeric.success and np.abs(numeric.x - q_star).max() < 1e-4
-    assert objective(q_star) <= numeric.fun + 1e-10  # the closed form is never beaten
+    # SLSQP may stop on its iteration limit a few 1e-8 from the optimum, and it satisfies the
+    # constraints only to ~1e-9, so it can dip below the true optimum by that much: the checks
+    # are closeness of the two solutions and "never beaten beyond SLSQP's feasibility slack"
+    violation = abs(numeric.x.sum() - 1.0) + max(0.0, numeric.x @ w8 - C)
+    assert np.abs(numeric.x - q_star).max() < 1e-4, numeric.message
+    assert objective(q_star) <= numeric.fun + 1e-10 + 10 * violation  # closed form never beaten
     assert abs(objective(q_star) - dual) < 1e-12  # and its value is the dual value
 budgets = pd.DataFrame(rows).set_index("budget C")
 display(budgets)
@@ -628,7 +633,7 @@ assert ratio["vespo(3,2)"] < 0.02  # 1 − β = 0: only second-order bias left
 assert abs(ratio["vespo(2,2)"] - 1.0) < 0.01  # 1 − β = 1
 
 # %% [markdown]
-# The default sits elsewhere (about 4.4 here): twice the naive bias of the positive samples and
+# The default sits elsewhere (about 2.4 here): twice the naive bias of the positive samples and
 # none of the negative ones, and on this bandit the two naive contributions partly cancel, so
 # removing one of them makes the bias *larger*. Across the mismatch range, with the other
 # mappings (exact, $n = 64$):
@@ -657,15 +662,21 @@ by = {
     m: bandit.pivot_table(index="target_chi2", columns="estimator", values=m)
     for m in ("bias", "variance", "mse", "cosine")
 }
-assert np.all(by["bias"].idxmax(axis=1) == "vespo")  # the most biased at every mismatch
-assert np.all(by["cosine"].idxmin(axis=1) == "vespo")  # and the furthest from ∇J in direction
+small = by["bias"].index <= 0.1
+assert np.all(by["bias"][small].idxmax(axis=1) == "vespo")  # most biased at small mismatch
+assert np.all(by["cosine"][small].idxmin(axis=1) == "vespo")  # and furthest from ∇J
+assert by["bias"].idxmax(axis=1).iloc[-1] == "naive"  # at χ² = 10 naive has overtaken it
+assert by["bias"].vespo.iloc[-1] < 1.5 * by["bias"].vespo[by["bias"].index >= 1.0].iloc[0]
 assert by["cosine"].vespo.iloc[-1] < 0.7
 assert np.all(by["variance"].vespo < by["variance"].is_seq)
 
 # %% [markdown]
-# On a bandit VESPO is the most biased mapping at every mismatch and points furthest from
-# $\nabla J$ (cosine below 0.7 at $\chi^2 = 10$); its variance stays below that of sequence
-# IS and among the smallest (all asserted). A one-step problem is not what VESPO was designed
+# On a bandit VESPO is the most biased mapping at small mismatch ($\chi^2 \le 0.1$) and points
+# furthest from $\nabla J$ there: its kernel reshapes even ratios close to 1, where the
+# others are nearly unbiased. Its bias then saturates (less than 1.5× from $\chi^2 = 1$ to
+# 10) while naive's keeps growing and overtakes it; its cosine still falls below 0.7 at
+# $\chi^2 = 10$, and its variance stays below that of sequence IS and among the smallest
+# (all asserted). A one-step problem is not what VESPO was designed
 # for: its point is the sequence ratio, where $\mathbb{E}_\mu[W^2]$ grows exponentially in
 # $T$.
 #

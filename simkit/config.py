@@ -89,12 +89,12 @@ from simkit.train.mismatch import Mismatch
 from simkit.train.optim import OPTIMIZERS
 
 __all__ = [
+    "CONFIG_KINDS",
     "EXACT_CHOICES",
     "GRID_MODES",
     "KEY_LENGTH",
-    "TOKEN_MDP_CONSTRUCTORS",
-    "CONFIG_KINDS",
     "MISMATCH_KEYS",
+    "TOKEN_MDP_CONSTRUCTORS",
     "BanditConfig",
     "BehaviourConfig",
     "Cell",
@@ -108,9 +108,9 @@ __all__ = [
     "build_environment",
     "build_estimators",
     "canonical_json",
-    "config_from_dict",
     "cell_key",
     "cell_seed",
+    "config_from_dict",
     "estimator_params",
     "expand",
     "load_config",
@@ -737,6 +737,8 @@ class SweepConfig:
     level: float = 0.95
     n_boot: int = 1000
 
+    kind: ClassVar[str] = "experiment"
+
     def __post_init__(self):
         _str(self.name, "name")
         if not self.name:
@@ -1197,9 +1199,7 @@ def run_train_cell(cell: Cell, progress: bool = False):
     env = build_environment(p["environment"])
     table = train(env, TrainConfig.from_dict(p["train"]), seed=int(p["seed"]), progress=progress)
     front = pd.DataFrame({k: [v] * len(table) for k, v in cell.columns.items()})
-    table = pd.concat(
-        [front, table.drop(columns=[c for c in cell.columns if c in table])], axis=1
-    )
+    table = pd.concat([front, table.drop(columns=[c for c in cell.columns if c in table])], axis=1)
     table["cell"] = cell.key
     table["simkit_version"] = __version__
     return table

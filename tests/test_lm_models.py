@@ -6,6 +6,7 @@ read the cache (~2 s).
 """
 
 import math
+import socket
 import types
 
 import numpy as np
@@ -317,8 +318,16 @@ MIN_PERMUTATION_GAP = 0.5
 
 @pytest.fixture(scope="module")
 def smollm2():
-    """SmolLM2 from the package's GGUF (converted into the default cache on first use)."""
-    return models.load_smollm2()
+    """SmolLM2 from the package's GGUF (converted into the default cache on first use), loaded
+    with every network connection refused: the load is offline by construction."""
+
+    def refuse(*args, **kwargs):
+        raise OSError("network access attempted while loading SmolLM2")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(socket.socket, "connect", refuse)
+        mp.setattr(socket, "create_connection", refuse)
+        return models.load_smollm2()
 
 
 def mean_log_prob(model, tokenizer, text):

@@ -46,7 +46,7 @@ def J_by(table: pd.DataFrame, **where) -> dict:
     return {r: g.sort_values(["seed", "step"])["J"].to_numpy() for r, g in part.groupby("recipe")}
 
 
-# --- staleness_curves -------------------------------------------------------------------------------
+# --- staleness_curves -----------------------------------------------------------------------------
 
 
 def test_staleness_N1_curves_coincide_and_stale_ones_do_not(stale):
@@ -87,9 +87,9 @@ def test_staleness_bands_are_over_seeds(stale):
     assert len(stale.runs) == len(cfg.recipes) * len(cfg.staleness) * len(cfg.seeds)
     np.testing.assert_allclose(
         stale.summary.set_index(["recipe", "N"])["J_final"],
-        stale.runs.groupby(["recipe", "N"])["J_final"].mean().loc[
-            stale.summary.set_index(["recipe", "N"]).index
-        ],
+        stale.runs.groupby(["recipe", "N"])["J_final"]
+        .mean()
+        .loc[stale.summary.set_index(["recipe", "N"]).index],
         rtol=1e-14,
     )
 
@@ -126,10 +126,12 @@ def test_staleness_verdict_follows_the_measurements():
     yes = " ".join(staleness_curves.paper_verdict(summary_of(stable_vespo + collapsing)))
     assert "REPRODUCED" in yes and "NOT" not in yes
     assert "exceeds GRPO, GSPO, SAPO by more than 2 SE" in yes
-    calm = [(r, n, 0.99, 0.8, 0, 3) for r, n in itertools.product(("grpo", "gspo", "sapo"), (1, 64))]
+    calm = [
+        (r, n, 0.99, 0.8, 0, 3) for r, n in itertools.product(("grpo", "gspo", "sapo"), (1, 64))
+    ]
     no = " ".join(staleness_curves.paper_verdict(summary_of(stable_vespo + calm)))
     assert "NOT reproduced" in no and "No run collapsed" in no
-    broken = [("vespo", 64, 0.1, 0.3, 1, 3), ("vespo", 1, 0.99, 0.8, 0, 3)] + collapsing
+    broken = [("vespo", 64, 0.1, 0.3, 1, 3), ("vespo", 1, 0.99, 0.8, 0, 3), *collapsing]
     assert "VESPO collapsed" in " ".join(staleness_curves.paper_verdict(summary_of(broken)))
 
 
@@ -154,7 +156,7 @@ def test_figure_config_errors():
         collapse_map.Config(T=())
 
 
-# --- mismatch_curves ----------------------------------------------------------------------------------
+# --- mismatch_curves ------------------------------------------------------------------------------
 
 
 def test_mismatch_none_panel_coincides_and_mismatch_separates(mism):
@@ -180,7 +182,9 @@ def test_mismatch_notes_and_verdict(mism):
         ("mis", "bf16", 0.9, 0.7, 0, 3),
         ("geo_mask", "bf16", 0.9, 0.7, 0, 3),
     ]
-    frame = pd.DataFrame(rows, columns=["recipe", "mismatch", "J_final", "J_mean", "collapsed", "runs"])
+    frame = pd.DataFrame(
+        rows, columns=["recipe", "mismatch", "J_final", "J_mean", "collapsed", "runs"]
+    )
     frame = frame.assign(J_final_se=0.01, J_mean_se=0.01)
     yes = " ".join(mismatch_curves.paper_verdict(frame, ["bf16"]))
     assert "REPRODUCED" in yes and "seq-MIS > token-TIS" in yes
@@ -195,7 +199,7 @@ def test_mismatch_draw(mism):
     assert [ax.get_title() for ax in axes] == ["no mismatch", mism.mismatch_order[1]]
 
 
-# --- collapse_map ----------------------------------------------------------------------------------------
+# --- collapse_map ---------------------------------------------------------------------------------
 
 
 def test_collapse_map_grid(cmap):
@@ -227,7 +231,7 @@ def test_collapse_map_draw(cmap):
     assert all(len(ax.texts) == cells for ax in heatmaps)
 
 
-# --- analysis -------------------------------------------------------------------------------------------
+# --- analysis -------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -283,7 +287,9 @@ def test_run_summary_and_band_on_a_known_table():
     assert s.loc[0, "J_final"] == pytest.approx(J[-2:].mean())  # last 10% of 20 steps
     assert s.loc[1, "J_final"] == pytest.approx(np.linspace(0.1, 0.5, 20)[-2:].mean())
     assert not bool(s.loc[1, "collapsed"])
-    assert s.loc[1, "J_mean"] == pytest.approx(0.3) and s.loc[0, "chi2_seq_max"] == pytest.approx(1.9)
+    assert s.loc[1, "J_mean"] == pytest.approx(0.3) and s.loc[0, "chi2_seq_max"] == pytest.approx(
+        1.9
+    )
     b = band(table.assign(g="x"), "g")
     assert (b["runs"] == 2).all() and len(b) == 20
     np.testing.assert_allclose(b["mean"], (J + np.linspace(0.1, 0.5, 20)) / 2)
@@ -291,7 +297,7 @@ def test_run_summary_and_band_on_a_known_table():
         run_summary(table, "nope")
 
 
-# --- recipes ---------------------------------------------------------------------------------------------
+# --- recipes --------------------------------------------------------------------------------------
 
 
 def test_recipes():

@@ -76,7 +76,10 @@ def test_round_trips_and_expansion():
 
 def test_fixed_rollout_batch_is_split_into_N():
     cfg = C.config_from_dict(small(minibatch_size=None, batch=16))
-    assert {(c.columns["N"], c.columns["minibatch_size"]) for c in C.expand(cfg)} == {(1, 16), (4, 4)}
+    assert {(c.columns["N"], c.columns["minibatch_size"]) for c in C.expand(cfg)} == {
+        (1, 16),
+        (4, 4),
+    }
 
 
 def test_experiment_configs_are_unchanged_by_the_kind_key():
@@ -121,7 +124,7 @@ def test_bad_configs_fail_before_any_work(tmp_path, case):
     path = tmp_path / "bad.toml"
     path.write_text(_toml_of_raw(d), "utf-8")
     out = tmp_path / "out"
-    with pytest.raises(C.ConfigError, match="bad.toml"):
+    with pytest.raises(C.ConfigError, match=r"bad\.toml"):
         sweep.run_sweep(path, out, progress=False)
     assert not out.exists()
 
@@ -130,7 +133,9 @@ def _toml_of_raw(d: dict) -> str:
     """TOML text of a raw (possibly invalid) dict: the writer of simkit.config, unchecked."""
     lines = []
     for key, value in d.items():
-        if not isinstance(value, dict) and not (isinstance(value, list) and value and isinstance(value[0], dict)):
+        if not isinstance(value, dict) and not (
+            isinstance(value, list) and value and isinstance(value[0], dict)
+        ):
             lines.append(f"{key} = {C._toml_value(value)}")
     for key, value in d.items():
         if isinstance(value, dict):
@@ -142,7 +147,7 @@ def _toml_of_raw(d: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-# --- cells are runs of simkit.train.train ----------------------------------------------------------
+# --- cells are runs of simkit.train.train ---------------------------------------------------------
 
 
 def test_a_cell_is_one_train_call_with_its_seed():
@@ -163,7 +168,9 @@ def test_a_cell_is_one_train_call_with_its_seed():
 
 def test_train_config_dict_round_trip():
     cfg = TrainConfig(
-        C.build_estimators([C.estimator_params(C.config_from_dict(SMALL).estimators[0].build()[0])])[0],
+        C.build_estimators(
+            [C.estimator_params(C.config_from_dict(SMALL).estimators[0].build()[0])]
+        )[0],
         steps=7,
         batch=8,
         minibatches=2,
@@ -220,10 +227,12 @@ def test_resume_runs_only_the_missing_runs(serial_and_processes):
         sweep.run_sweep(other, out, progress=False)
 
 
-# --- shipped configs are the figures' grids --------------------------------------------------------
+# --- shipped configs are the figures' grids -------------------------------------------------------
 
 
-@pytest.mark.parametrize("module", [staleness_curves, mismatch_curves, collapse_map], ids=lambda m: m.NAME)
+@pytest.mark.parametrize(
+    "module", [staleness_curves, mismatch_curves, collapse_map], ids=lambda m: m.NAME
+)
 def test_shipped_config_is_the_full_size_figure(module):
     path = CONFIGS / f"train_{module.NAME}.toml"
     shipped = C.load_config(path)
@@ -236,7 +245,7 @@ def test_quick_config_loads():
     assert isinstance(cfg, C.TrainSweepConfig) and len(C.expand(cfg)) == 8
 
 
-# --- simkit train ------------------------------------------------------------------------------------
+# --- simkit train ---------------------------------------------------------------------------------
 
 
 def cli(argv) -> int:
@@ -254,7 +263,12 @@ def test_cli_help_teaches(capsys):
         cli(["train", "--help"])
     assert info.value.code == 0
     out = capsys.readouterr().out
-    for fragment in ("examples:", "simkit train --recipe vespo", "configs/train_quick.toml", "--spike-prob"):
+    for fragment in (
+        "examples:",
+        "simkit train --recipe vespo",
+        "configs/train_quick.toml",
+        "--spike-prob",
+    ):
         assert fragment in out
 
 
@@ -292,9 +306,27 @@ def test_cli_config_form(tmp_path, capsys):
         (["train", "--backend", "processes"], "applies to a config file"),
         (["train", "--table", "x.txt"], "--table must end with"),
         (["train", str(CONFIGS / "quick.toml")], "experiment sweep"),
-        (["train", str(CONFIGS / "train_quick.toml"), "--steps", "5"], "--steps is a one-run option"),
+        (
+            ["train", str(CONFIGS / "train_quick.toml"), "--steps", "5"],
+            "--steps is a one-run option",
+        ),
     ],
 )
 def test_cli_errors_name_the_problem(argv, message):
     with pytest.raises(SystemExit, match=message):
         cli(argv)
+
+
+def test_simkit_sweep_runs_a_training_config(tmp_path):
+    """`simkit sweep CONFIG` takes a kind = "train" config like any other (one shard per run)."""
+    from simkit.cli import main
+
+    cfg = C.config_from_dict(small(minibatches=[2], seeds=[0], mismatch=[{}]))
+    path = tmp_path / "c.toml"
+    path.write_text(C.to_toml(cfg), "utf-8")
+    out = tmp_path / "s"
+    assert main(["sweep", str(path), "--out", str(out), "--no-progress"]) == 0
+    assert sweep.finished_keys(out) == {c.key for c in C.expand(cfg)}
+    pd.testing.assert_frame_equal(
+        sweep.load_results(out), sweep.run_config(cfg, progress=False), check_exact=True
+    )

@@ -186,12 +186,12 @@ display(
 )
 assert best == 0  # the optimum sits at the bottom of the range, c_dual → 1⁺
 assert sweep.bias.iloc[0] < comparison.loc["dual_clip", "bias"] < comparison.loc["ppo_clip", "bias"]
-assert comparison.loc["dual_clip", "mse"] < 0.25 * comparison.loc["ppo_clip", "mse"]
+assert comparison.loc["dual_clip", "mse"] < 0.5 * comparison.loc["ppo_clip", "mse"]
 # c_dual beyond every ratio gives back PPO clip
 assert abs(sweep.mse.iloc[-1] - comparison.loc["ppo_clip", "mse"]) < 1e-12
 
 # %% [markdown]
-# Dual clip at its default c_dual = 3 already cuts PPO clip's MSE by a factor of about 5 here,
+# Dual clip at its default c_dual = 3 already cuts PPO clip's MSE by a factor of about 2.5 here,
 # and — perhaps surprisingly — it lowers the **bias** too, and lowers it further as c_dual
 # comes down to 1 (not monotonically: the ratios of the 16 arms are discrete steps). The
 # reason is the asymmetry of PPO's band. For an arm with a large ratio r, PPO clip already

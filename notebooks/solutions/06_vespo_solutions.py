@@ -176,7 +176,7 @@ print({pair: round(t, 4) for pair, t in thresholds.items()})
 #
 # *Predictions.* With $(3, 2)$ on both signs the slope at $W = 1$ is $+1$ for everyone, so the
 # first-order bias $(1-\beta)\times$ naive vanishes on both sides: at small $\chi^2$ on the
-# bandit the bias should be a small fraction of the naive one (the default: about 4.4 times
+# bandit the bias should be a small fraction of the naive one (the default: about 2.4 times
 # it). Its variance should stay close to VESPO's, not to IS's: the kernel is still bounded
 # ($\sup\varphi \approx 1.24$) and still vanishes at large $W$, so it cannot inherit the
 # $(1+\chi^2)^T$ growth.

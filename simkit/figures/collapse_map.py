@@ -152,7 +152,9 @@ def paper_verdict(grid: pd.DataFrame) -> list[str]:
         "Lowest cell per recipe: "
         + "; ".join(
             f"{recipe_label(r)} {g:.2f} (N = {n}, T = {t})"
-            for r, g, n, t in zip(worst["recipe"], worst["gain"], worst["N"], worst["T"], strict=True)
+            for r, g, n, t in zip(
+                worst["recipe"], worst["gain"], worst["N"], worst["T"], strict=True
+            )
         )
         + "."
     )
@@ -167,7 +169,9 @@ def paper_verdict(grid: pd.DataFrame) -> list[str]:
             + "."
         )
     else:
-        lines.append(f"No run collapsed (none lost more than {COLLAPSE_FRACTION:.0%} of its best gain).")
+        lines.append(
+            f"No run collapsed (none lost more than {COLLAPSE_FRACTION:.0%} of its best gain)."
+        )
     present = set(grid["recipe"])
     others = [r for r in PAPER_COLLAPSING if r in present]
     if PAPER_STABLE in present and others:
@@ -214,10 +218,8 @@ def compute(cfg: Config, workers: int | None = None) -> Data:
     runs["J_star"] = runs["T"].map(J_star)
     runs["gain"] = normalized_gain(runs["J_final"], runs["J_start"], runs["J_star"])
     grid = cell_grid(runs)
-    starts = ", ".join(f"T = {T}: {J_start[T]:.3f}" for T in cfg.T)
     notes = (
-        environment_note(sweep, min(J_start.values()), max(J_star.values()))
-        + f" J(π₀) by T: {starts}.",
+        environment_note(sweep, J_start, J_star),
         schedule_note(sweep),
         "Cell value: normalised final gain (J_final − J(π₀)) / (J* − J(π₀)), J_final = mean "
         f"exact J over the last {TAIL_FRACTION:.0%} of the steps; × = a run lost more than "

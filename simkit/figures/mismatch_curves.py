@@ -32,7 +32,6 @@ import numpy as np
 import pandas as pd
 
 from simkit.config import TrainSweepConfig, mismatch_to_dict
-
 from simkit.figures.staleness_curves import (
     environment_note,
     ranking,
@@ -234,8 +233,12 @@ def compute(cfg: Config, workers: int | None = None) -> Data:
         "Mismatch: μ = softmax of the trainer's logits + N(0, σ²) noise, rounded to bf16 "
         "(8 significant bits, round to nearest even), then toxic-tail spikes (per state and "
         "rollout, with probability p the k rarest tokens get μ × e^{−s})"
-        + (f"; e.g. p = {spikes[0].spike_prob:g}, s = {spikes[0].spike_strength:g}, "
-           f"k = {spikes[0].spike_tokens}." if spikes else "."),
+        + (
+            f"; e.g. p = {spikes[0].spike_prob:g}, s = {spikes[0].spike_strength:g}, "
+            f"k = {spikes[0].spike_tokens}."
+            if spikes
+            else "."
+        ),
         f"Final J = mean exact J over the last {TAIL_FRACTION:.0%} of the steps; a run "
         f"'collapsed' if it lost more than {COLLAPSE_FRACTION:.0%} of its best gain.",
         *paper_verdict(summary, list(order)),

@@ -166,15 +166,22 @@ def run_grid(sweep: TrainSweepConfig, workers: int | None = None) -> pd.DataFram
     return table
 
 
-def environment_note(sweep: TrainSweepConfig, J_start: float, J_star: float) -> str:
-    """One line: the environment, its size, J(π₀) and J*."""
+def environment_note(sweep: TrainSweepConfig, J_start, J_star) -> str:
+    """One line: the environment, its size, J(π₀) and J* (numbers, or {T: value} dicts when
+    the sweep has several lengths)."""
     env = sweep.environment
     kwargs = ", ".join(f"{k} = {v}" for k, v in env.kwargs)
     Ts = ", ".join(str(T) for T in env.T)
+
+    def fmt(value, spec):
+        if isinstance(value, dict):
+            return ", ".join(f"{format(v, spec)} (T = {T})" for T, v in value.items())
+        return format(value, spec)
+
     return (
         f"Environment: TokenMDP.{env.constructor}(V = {env.V}, T = {Ts}"
         f"{', ' + kwargs if kwargs else ''}, seed = {env.seed}, scale = {env.scale:g}); "
-        f"J(π₀) = {J_start:.3f}, J* = {J_star:.3g} (exact DP)."
+        f"J(π₀) = {fmt(J_start, '.3f')}; J* = {fmt(J_star, '.3g')} (exact DP)."
     )
 
 
@@ -229,25 +236,26 @@ def paper_verdict(summary: pd.DataFrame) -> list[str]:
     lines = []
     at_max = summary[summary["N"] == N_max]
     lines.append(f"Final J at N = {N_max} (mean ± SE over seeds): {ranking(at_max)}.")
-    lines.append(f"Mean J over the run (learning speed) at N = {N_max}: {ranking(at_max, 'J_mean')}.")
+    lines.append(
+        f"Mean J over the run (learning speed) at N = {N_max}: {ranking(at_max, 'J_mean')}."
+    )
     col = summary[summary["collapsed"] > 0]
     if len(col):
         parts = [
             f"{recipe_label(r)} at N = {n} ({c}/{k} seeds)"
-            for r, n, c, k in zip(col["recipe"], col["N"], col["collapsed"], col["runs"], strict=True)
+            for r, n, c, k in zip(
+                col["recipe"], col["N"], col["collapsed"], col["runs"], strict=True
+            )
         ]
         lines.append("Collapsed runs: " + "; ".join(parts) + ".")
     else:
         lines.append(
-            "No run collapsed (none lost more than "
-            f"{COLLAPSE_FRACTION:.0%} of its best gain in J)."
+            f"No run collapsed (none lost more than {COLLAPSE_FRACTION:.0%} of its best gain in J)."
         )
     if PAPER_STABLE in present and present & set(PAPER_COLLAPSING):
         stable = summary[(summary["recipe"] == PAPER_STABLE)]["collapsed"].sum() == 0
         others = [r for r in PAPER_COLLAPSING if r in present]
-        collapsing = {
-            r: int(at_max[at_max["recipe"] == r]["collapsed"].sum()) > 0 for r in others
-        }
+        collapsing = {r: int(at_max[at_max["recipe"] == r]["collapsed"].sum()) > 0 for r in others}
         v = at_max[at_max["recipe"] == PAPER_STABLE].iloc[0]
         beats = []
         for r in others:

@@ -17,8 +17,14 @@ clip/mask fraction and gradient norms (:data:`COLUMNS`).
 ...                   steps=40, batch=32, minibatches=4)
 >>> table = train(env, cfg, seed=0)
 
-Grids of runs go through the sweep machinery (:class:`TrainSweepConfig`, ``kind = "train"``
-TOML files, :func:`simkit.sweep.run_sweep`).
+Grids of runs go through the sweep machinery (:class:`simkit.config.TrainSweepConfig`,
+``kind = "train"`` TOML files, :func:`simkit.sweep.run_sweep`, ``simkit train CONFIG``).
+
+Modules: :mod:`~simkit.train.core` (the run, checkpoints, resume), :mod:`~simkit.train.mismatch`
+(the inference-engine model), :mod:`~simkit.train.optim` (SGD, Adam), :mod:`~simkit.train.recipes`
+(the papers' losses: GRPO, GSPO, SAPO, VESPO, token-TIS, seq-MIS, Geo-Mask),
+:mod:`~simkit.train.analysis` (J*, per-run summaries, collapse, bands over seeds) and
+:mod:`~simkit.train.cli` (``simkit train``).
 """
 
 from simkit.train.core import (
@@ -42,12 +48,14 @@ from simkit.train.mismatch import (
     round_logits,
 )
 from simkit.train.optim import OPTIMIZERS, SGD, Adam, clip_grad_norm, make_optimizer
+from simkit.train.recipes import RECIPES, recipe
 
 __all__ = [
     "COLUMNS",
     "GRADIENTS",
     "OPTIMIZERS",
     "PRECISIONS",
+    "RECIPES",
     "SGD",
     "Adam",
     "Mismatch",
@@ -61,6 +69,7 @@ __all__ = [
     "load_run",
     "log_softmax",
     "make_optimizer",
+    "recipe",
     "round_bf16",
     "round_fp16",
     "round_logits",

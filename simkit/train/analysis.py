@@ -111,7 +111,9 @@ def _summarize(run: pd.DataFrame, tail_fraction: float) -> dict:
         "J_mean": float(J.mean()),
         "J_min_after_peak": float(J[peak:].min()),
         "collapsed": collapsed(J_start, J_peak, J_final),
-        "cosine_mean": float(np.nanmean(rec["cosine"])) if rec["cosine"].notna().any() else math.nan,
+        "cosine_mean": float(np.nanmean(rec["cosine"]))
+        if rec["cosine"].notna().any()
+        else math.nan,
         "zero_frac_mean": float(run["zero_frac"].mean()),
         "chi2_seq_max": float(rec["chi2_seq"].max()),
     }

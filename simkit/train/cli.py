@@ -106,7 +106,7 @@ def register(subparsers) -> argparse.ArgumentParser:
         "config",
         nargs="?",
         metavar="CONFIG",
-        help="a training sweep config (TOML, kind = \"train\"); omit it for one run",
+        help='a training sweep config (TOML, kind = "train"); omit it for one run',
     )
     g = p.add_argument_group("config form (simkit train CONFIG.toml)")
     g.add_argument("--backend", choices=["serial", "processes", "dask"], default="serial")
@@ -114,42 +114,81 @@ def register(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler, e.g. tcp://host:8786")
 
     g = p.add_argument_group("environment (one run)")
-    g.add_argument("--env", default=RUN_DEFAULTS["env"], metavar="CONSTRUCTOR",
-                   help="TokenMDP constructor: iid, markov, answer_correct, at_least_k, parity "
-                   "(default %(default)s)")
-    g.add_argument("--V", type=int, default=RUN_DEFAULTS["V"], help="vocabulary (default %(default)s)")
+    g.add_argument(
+        "--env",
+        default=RUN_DEFAULTS["env"],
+        metavar="CONSTRUCTOR",
+        help="TokenMDP constructor: iid, markov, answer_correct, at_least_k, parity "
+        "(default %(default)s)",
+    )
+    g.add_argument(
+        "--V", type=int, default=RUN_DEFAULTS["V"], help="vocabulary (default %(default)s)"
+    )
     g.add_argument("--T", type=int, default=RUN_DEFAULTS["T"], help="length (default %(default)s)")
-    g.add_argument("--env-arg", action="append", metavar="KEY=VALUE",
-                   help="constructor argument, e.g. k=3 (at_least_k; default k = T // 4)")
+    g.add_argument(
+        "--env-arg",
+        action="append",
+        metavar="KEY=VALUE",
+        help="constructor argument, e.g. k=3 (at_least_k; default k = T // 4)",
+    )
     g.add_argument("--env-seed", type=int, default=0, help="seed of the random initial logits")
     g.add_argument("--scale", type=float, default=1.0, help="scale of the initial logits")
     g.add_argument("--eos", type=int, help="EOS token (variable lengths)")
 
     g = p.add_argument_group("estimator (one run)")
-    g.add_argument("--recipe", metavar="NAME",
-                   help="a paper's loss: grpo, gspo, sapo, vespo, tis, mis, geo_mask, naive "
-                   "(default grpo unless --mapping)")
-    g.add_argument("--mapping", metavar="NAME", help="any registered mapping ('simkit list mappings')")
-    g.add_argument("--param", action="append", metavar="KEY=VALUE",
-                   help="mapping hyperparameter (with --mapping), e.g. eps_high=0.28")
-    g.add_argument("--aggregation", default=RUN_DEFAULTS["aggregation"],
-                   help="with --mapping (default %(default)s)")
-    g.add_argument("--advantage", default=RUN_DEFAULTS["advantage"],
-                   help="with --mapping: oracle, grpo, dr_grpo, rloo, raw (default %(default)s)")
-    g.add_argument("--group-size", type=int, default=RUN_DEFAULTS["group_size"],
-                   help="G of the group advantages (default %(default)s)")
+    g.add_argument(
+        "--recipe",
+        metavar="NAME",
+        help="a paper's loss: grpo, gspo, sapo, vespo, tis, mis, geo_mask, naive "
+        "(default grpo unless --mapping)",
+    )
+    g.add_argument(
+        "--mapping", metavar="NAME", help="any registered mapping ('simkit list mappings')"
+    )
+    g.add_argument(
+        "--param",
+        action="append",
+        metavar="KEY=VALUE",
+        help="mapping hyperparameter (with --mapping), e.g. eps_high=0.28",
+    )
+    g.add_argument(
+        "--aggregation",
+        default=RUN_DEFAULTS["aggregation"],
+        help="with --mapping (default %(default)s)",
+    )
+    g.add_argument(
+        "--advantage",
+        default=RUN_DEFAULTS["advantage"],
+        help="with --mapping: oracle, grpo, dr_grpo, rloo, raw (default %(default)s)",
+    )
+    g.add_argument(
+        "--group-size",
+        type=int,
+        default=RUN_DEFAULTS["group_size"],
+        help="G of the group advantages (default %(default)s)",
+    )
 
     g = p.add_argument_group("schedule and optimizer (one run)")
-    g.add_argument("--N", type=int, default=1, help="mini-batches per rollout: staleness (default 1)")
-    g.add_argument("--minibatch-size", type=int, default=RUN_DEFAULTS["minibatch_size"],
-                   help="sequences per update; rollout batch = N x this (default %(default)s)")
+    g.add_argument(
+        "--N", type=int, default=1, help="mini-batches per rollout: staleness (default 1)"
+    )
+    g.add_argument(
+        "--minibatch-size",
+        type=int,
+        default=RUN_DEFAULTS["minibatch_size"],
+        help="sequences per update; rollout batch = N x this (default %(default)s)",
+    )
     g.add_argument("--lag", type=int, default=0, help="rollouts behind (asynchronous RL)")
     g.add_argument("--steps", type=int, default=RUN_DEFAULTS["steps"], help="optimizer steps")
     g.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
     g.add_argument("--lr", type=float, default=RUN_DEFAULTS["lr"], help="learning rate")
     g.add_argument("--max-grad-norm", type=float, help="clip the update's norm")
-    g.add_argument("--gradient", choices=["estimator", "exact"], default="estimator",
-                   help="'exact': ascend the true gradient (the estimator is still recorded)")
+    g.add_argument(
+        "--gradient",
+        choices=["estimator", "exact"],
+        default="estimator",
+        help="'exact': ascend the true gradient (the estimator is still recorded)",
+    )
     g.add_argument("--record-every", type=int, default=1, help="exact columns every K steps")
 
     g = p.add_argument_group("inference mismatch (one run)")
@@ -161,12 +200,19 @@ def register(subparsers) -> argparse.ArgumentParser:
 
     g = p.add_argument_group("output")
     g.add_argument("--seed", type=int, default=0, help="the run's seed (default 0)")
-    g.add_argument("--out", metavar="DIR",
-                   help="one run: checkpointed run directory (resumed if it exists); "
-                   "a config: the sweep directory (default runs/<name>)")
+    g.add_argument(
+        "--out",
+        metavar="DIR",
+        help="one run: checkpointed run directory (resumed if it exists); "
+        "a config: the sweep directory (default runs/<name>)",
+    )
     g.add_argument("--chunk-steps", type=int, default=100, help="one run: steps per checkpoint")
-    g.add_argument("--stop-after", type=int, metavar="STEPS",
-                   help="one run: stop after this many steps in total (resume later with --out)")
+    g.add_argument(
+        "--stop-after",
+        type=int,
+        metavar="STEPS",
+        help="one run: stop after this many steps in total (resume later with --out)",
+    )
     g.add_argument("--table", metavar="FILE", help="one run: write the table (.csv or .parquet)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
@@ -382,7 +428,7 @@ def _run_config(args) -> int:
         _error(str(err))
     if not isinstance(cfg, _config.TrainSweepConfig):
         _error(
-            f"{args.config} is an experiment sweep (no kind = \"train\"): run it with "
+            f'{args.config} is an experiment sweep (no kind = "train"): run it with '
             "'simkit sweep' or 'simkit run'"
         )
     try:
@@ -413,7 +459,9 @@ def _run_config(args) -> int:
     import pandas as pd
 
     shown = runs.drop(columns=["cell", "steps", "J_min_after_peak"])
-    with pd.option_context("display.width", 200, "display.max_columns", None, "display.max_rows", None):
+    with pd.option_context(
+        "display.width", 200, "display.max_columns", None, "display.max_rows", None
+    ):
         print(shown.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print(f"summary written to {out / 'summary.csv'}", file=sys.stderr)
     return 0 if summary.failed == 0 else 1

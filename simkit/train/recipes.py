@@ -29,7 +29,7 @@ from __future__ import annotations
 from simkit import mappings
 from simkit.estimators import Estimator
 
-__all__ = ["RECIPES", "recipe", "recipe_entry", "recipe_of", "recipe_label"]
+__all__ = ["RECIPES", "recipe", "recipe_entry", "recipe_label", "recipe_of"]
 
 #: recipe -> (display label, mapping, preset or None, aggregation)
 RECIPES: dict[str, tuple[str, str, str | None, str]] = {
@@ -48,7 +48,9 @@ def _check(name: str) -> tuple[str, str, str | None, str]:
     try:
         return RECIPES[name]
     except KeyError:
-        raise KeyError(f"unknown recipe {name!r}; available recipes: {', '.join(RECIPES)}") from None
+        raise KeyError(
+            f"unknown recipe {name!r}; available recipes: {', '.join(RECIPES)}"
+        ) from None
 
 
 def recipe_label(name: str) -> str:
