@@ -7,10 +7,13 @@ Input: N×T float32 log-probabilities (log μ ~ −Exp(1), log π = log μ + N(0
 train/inference mismatch scale) with ``requires_grad``, a mask of all ones (``--ragged``: each
 row keeps a random prefix of length in [T/2, T]) and advantages ±1. Baseline measured in the same
 run: the bare ``(log_prob - old_log_prob).exp().mul(advantages[:, None]).mean()``, forward +
-backward. For each mapping, the median of ``--repeats`` timings of ``policy_loss`` (validation,
-loss and every metric included) forward only and forward + backward, and the ratio of the latter
-to the baseline (target: <= 3x). ``--small`` is 32×256 (a smoke run). Results are printed as a
-table and written as JSON to ``benchmarks/results/bench_lm_losses.json`` (git-ignored).
+backward. For each mapping, ``--repeats`` interleaved rounds (baseline, forward, forward +
+backward, forward + backward without metrics) of ``policy_loss`` (validation, loss and every
+metric included), and the ratio of the best forward + backward time to the best baseline time
+(target: <= 3x; best-of timings, as the other benchmarks, because a loaded machine only adds
+time; the median of the per-round ratios is recorded too). ``--small`` is 32×256 (a smoke run).
+Results are printed as a table and written as JSON to ``benchmarks/results/bench_lm_losses.json``
+(git-ignored).
 """
 
 from __future__ import annotations
@@ -110,7 +113,7 @@ def main(argv=None) -> int:
     print(
         f"N={args.n} T={args.t} ({tokens / 1e6:.2f}M tokens, float32, {device}, "
         f"{torch.get_num_threads()} threads), mask {'ragged' if args.ragged else 'all ones'}, "
-        f"median of {args.repeats} interleaved rounds"
+        f"best of {args.repeats} interleaved rounds"
     )
     base_fwd = median_time(baseline_forward, args.repeats, device)
     print(f"baseline forward only: {base_fwd * 1e3:.2f} ms")
@@ -138,9 +141,10 @@ def main(argv=None) -> int:
             "loss": lambda name=name: forward_backward(name, metrics=False),
         }
         t = interleaved_times(cases, args.repeats, device)
-        ratio = statistics.median(f / b for f, b in zip(t["full"], t["base"], strict=True))
-        ratio_loss = statistics.median(f / b for f, b in zip(t["loss"], t["base"], strict=True))
-        med = {k: statistics.median(v) for k, v in t.items()}
+        med = {k: min(v) for k, v in t.items()}  # best of the rounds
+        ratio = med["full"] / med["base"]
+        ratio_loss = med["loss"] / med["base"]
+        median_ratio = statistics.median(f / b for f, b in zip(t["full"], t["base"], strict=True))
         ok = ratio <= TARGET_RATIO
         if not ok:
             failures.append(name)
@@ -163,6 +167,7 @@ def main(argv=None) -> int:
                 "tokens_per_second": tokens / med["full"],
                 "ratio_to_baseline": ratio,
                 "ratio_to_baseline_without_metrics": ratio_loss,
+                "median_of_round_ratios": median_ratio,
                 "within_target": ok,
             }
         )

@@ -597,3 +597,15 @@ def test_loss_form_names_every_mapping_and_rejects_unknown_ones():
     assert losses.loss_form("vespo") == "detached"
     with pytest.raises(KeyError, match="available losses"):
         losses.loss_form("nope")
+
+
+@pytest.mark.parametrize("name", mappings.available())
+def test_loss_value_is_the_same_without_autograd(name):
+    """Under ``torch.no_grad`` (evaluation) every loss takes the same value and metrics."""
+    old, lp, mask, adv = make_inputs(seed=17)
+    args = (torch.tensor(lp), torch.tensor(old), torch.tensor(adv), torch.tensor(mask))
+    with torch.no_grad():
+        loss0, m0 = losses.policy_loss(name, *args)
+    loss1, m1 = losses.policy_loss(name, args[0].clone().requires_grad_(True), *args[1:])
+    assert loss0.item() == loss1.item() and not loss0.requires_grad
+    assert m0 == pytest.approx(m1, nan_ok=True)

@@ -138,7 +138,9 @@ else:
 #
 # So the sequence-level weights discard exactly the informative sequence in which the engine
 # happened to sample the rare correct answer; the token-level and length-normalised ones keep
-# it (token-TIS even up-weights it, capped at 2).
+# it (token-TIS even up-weights it, capped at 2). That is a statement about one sequence: the
+# spikes also starve rare *wrong* tokens, so the net effect on learning speed has to be
+# measured — the notes of the `mismatch_curves` figure rank the recipes under spikes.
 
 # %%
 T, s = 24, 6.0

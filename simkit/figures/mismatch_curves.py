@@ -157,6 +157,12 @@ def paper_verdict(summary: pd.DataFrame, order: list[str]) -> list[str]:
     for label in order:
         part = summary[summary["mismatch"] == label]
         lines.append(f"Final J, mismatch '{label}' (mean ± SE over seeds): {ranking(part)}.")
+    for label in order:
+        if label != "none":
+            part = summary[summary["mismatch"] == label]
+            lines.append(
+                f"Mean J over the run (learning speed), '{label}': {ranking(part, 'J_mean')}."
+            )
     col = summary[summary["collapsed"] > 0]
     if len(col):
         parts = [

@@ -233,10 +233,6 @@ class _Batch:
         log-ratio is 0 (so on every padded position): the clipped valid tokens."""
         return torch.count_nonzero(flags)
 
-    def count_tokens(self, clipped: torch.Tensor) -> torch.Tensor:
-        """Number of valid tokens flagged by ``clipped`` (N, T) bool (padding ignored)."""
-        return torch.count_nonzero(clipped & self.mask)
-
     def count_rows(self, clipped: torch.Tensor) -> torch.Tensor:
         """Number of valid tokens in the rows flagged by ``clipped`` (N,) bool."""
         return torch.where(clipped, self.lengths, 0.0).sum()
@@ -322,7 +318,7 @@ def band_clamp(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
     1[lo <= x <= hi] (as ``torch.clamp``), and the bool tensor x ∉ [lo, hi]. Any shapes that
     broadcast (e.g. x (N, T), lo/hi (N, 1))."""
     if not x.requires_grad:
-        y = torch.clamp(x, lo, hi)
+        y = torch.maximum(torch.minimum(x, hi), lo)
         return y, y != x
     return _BandClamp.apply(x, lo, hi)
 
@@ -474,7 +470,7 @@ def _gmpo(m, b: _Batch) -> _Terms:
     lo, hi = _row_bounds(b, -math.inf, m.eps_high, -m.eps_low, math.inf)
     with torch.no_grad():
         lr = b.log_ratio.detach()
-        clipped_lr = torch.clamp(lr, lo, hi)  # padding: clamp(0) = 0
+        clipped_lr = torch.maximum(torch.minimum(lr, hi), lo)  # padding: 0 stays 0
         clipped = clipped_lr != lr
         log_R = clipped_lr.sum(dim=1) / b.lengths.clamp(min=1)
         R = torch.exp(torch.clamp(log_R, max=m.max_log_ratio))[:, None]
@@ -529,7 +525,7 @@ def _aspo(m, b: _Batch) -> _Terms:
     sign = b.per_row(-1.0, 1.0)[:, None]
     lo, hi = _row_bounds(b, -math.inf, math.log1p(m.eps_high), _log(1.0 - m.eps_low), log_cap)
     with torch.no_grad():
-        outside = torch.clamp(lr.detach(), lo, hi) != lr.detach()
+        outside = torch.maximum(torch.minimum(lr.detach(), hi), lo) != lr.detach()
 
     def value_and_derivative(lr):
         weight = torch.exp(torch.clamp(lr * sign, max=log_cap))
@@ -586,7 +582,8 @@ def _mis_token(m, b: _Batch) -> _Terms:
     else:  # every log-ratio is inside the band
         return _Terms(tok=r, n_clipped=None)
     # c_low <= 1 <= c_high: a padded position (log r = 0) is never dropped
-    return _Terms(tok=r.masked_fill(dropped, 0.0), n_clipped=lambda: b.count_flags(dropped))
+    kept = torch.logical_not(dropped).view(torch.uint8).to(r.dtype)
+    return _Terms(tok=r * kept, n_clipped=lambda: b.count_flags(dropped))
 
 
 def _mis_seq(m, b: _Batch) -> _Terms:
