@@ -398,11 +398,19 @@ def _run_report(args) -> int:
 
 # --- parser ------------------------------------------------------------------------------------
 
+def _add_train(subparsers) -> None:
+    # imported here: simkit.train.cli imports CLIError from this module
+    from simkit.train.cli import register
+
+    register(subparsers)
+
+
 #: subcommand name -> function adding it to the subparsers (in help order)
 SUBCOMMANDS: dict[str, Callable] = {
     "run": _add_run,
     "sweep": _add_sweep,
     "report": _add_report,
+    "train": _add_train,
     "figures": _add_figures,
     "info": _add_info,
     "list": _add_list,

@@ -34,8 +34,11 @@ from simkit.figures import (
     FIGURES,
     bandit_bias_variance,
     bias_variance_frontier,
+    collapse_map,
+    mismatch_curves,
     mse_vs_T,
     seq_tis_optimal_c,
+    staleness_curves,
 )
 from simkit.sweep import run_config
 
@@ -178,6 +181,16 @@ FIGURE_CONFIGS = {
     "bias_variance_frontier": {"bias_variance_frontier.toml": bias_variance_frontier_dict},
     "mse_vs_T": {"mse_vs_T.toml": mse_vs_T_exact_dict, "mse_vs_T_mc.toml": mse_vs_T_mc_dict},
     "seq_tis_optimal_c": {"seq_tis_optimal_c.toml": seq_tis_optimal_c_dict},
+    # training grids: the figure's own sweep config (tests/test_train_sweep.py runs them small)
+    "staleness_curves": {
+        "train_staleness_curves.toml": lambda d, cfg: staleness_curves.sweep_config(cfg).to_dict()
+    },
+    "mismatch_curves": {
+        "train_mismatch_curves.toml": lambda d, cfg: mismatch_curves.sweep_config(cfg).to_dict()
+    },
+    "collapse_map": {
+        "train_collapse_map.toml": lambda d, cfg: collapse_map.sweep_config(cfg).to_dict()
+    },
 }
 CONFIG_CASES = [(fig, file) for fig, files in FIGURE_CONFIGS.items() for file in files]
 

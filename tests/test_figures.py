@@ -31,6 +31,9 @@ EXPECTED = [
     "same_kl_different_chi2",
     "token_bias_vs_T",
     "mse_vs_T",
+    "staleness_curves",
+    "mismatch_curves",
+    "collapse_map",
 ]
 
 

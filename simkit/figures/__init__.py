@@ -25,16 +25,19 @@ from types import ModuleType
 from simkit.figures import (
     bandit_bias_variance,
     bias_variance_frontier,
+    collapse_map,
     divergence_inequalities,
     ess_khat_vs_T,
     gspo_length_conflation,
     kernel_shapes,
     kernel_shapes_catalogue,
     length_trap,
+    mismatch_curves,
     mse_vs_T,
     same_kl_different_chi2,
     seq_tis_optimal_c,
     seq_variance_vs_T,
+    staleness_curves,
     style,
     token_bias_vs_T,
     vespo_bound,
@@ -58,6 +61,9 @@ FIGURES: dict[str, ModuleType] = {
         same_kl_different_chi2,
         token_bias_vs_T,
         mse_vs_T,
+        staleness_curves,
+        mismatch_curves,
+        collapse_map,
     )
 }
 
