@@ -115,3 +115,22 @@ def test_an_unfinished_sweep_needs_partial(tmp_path):
 def test_report_of_a_directory_that_is_not_a_sweep(tmp_path):
     with pytest.raises(sweep.SweepError, match="not a simkit sweep directory"):
         report_mod.report(tmp_path)
+
+
+def test_report_of_a_training_sweep_draws_learning_curves(tmp_path):
+    config = Path(__file__).resolve().parents[1] / "configs" / "train_quick.toml"
+    out = tmp_path / "train"
+    sweep.run_sweep(config, out, backend="serial", progress=False)
+    table, paths = report_mod.report(out)
+    names = sorted(p.name for p in paths)
+    assert {"results.parquet", "results.csv", "summary.csv", "J.png", "cosine.png"} <= set(names)
+    for p in paths:
+        if p.suffix == ".png":
+            assert p.read_bytes()[:8] == PNG_SIGNATURE
+    summary = pd.read_csv(out / "summary.csv")
+    runs = table.groupby(["estimator", "N", "seed"]).ngroups
+    assert len(summary) == runs
+    # the summary's J_start is the first recorded J of each run
+    first = table[table.recorded].sort_values("step").groupby(["estimator", "N", "seed"]).J.first()
+    merged = summary.set_index(["estimator", "N", "seed"]).J_start
+    pd.testing.assert_series_equal(merged.sort_index(), first.sort_index(), check_names=False)

@@ -39,6 +39,14 @@ METRICS = (
 #: preferred x axes, in order (then the config's other columns)
 X_PRIORITY = ("target", "T", "n")
 MAX_PANELS = 12
+#: a column only training sweeps (``kind = "train"``) have: one row per step of each run
+TRAIN_MARKER = "step"
+#: learning-curve metrics of a training sweep's report: column, axis label, y scale
+TRAIN_METRICS = (
+    ("J", r"$J(\pi)$ (exact)", "linear"),
+    ("cosine", r"cosine of the estimate to $\nabla J$", "linear"),
+    ("chi2_seq", r"$\chi^2_{seq}(\pi\|\mu)$", "log"),
+)
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "h", "*", "<", ">")
 _DASHES = ("-", "--", "-.", ":", (0, (5, 1, 1, 1)), (0, (1, 1)))
 
@@ -82,6 +90,8 @@ def report(out_dir, partial: bool = False) -> tuple[pd.DataFrame, list[Path]]:
     figure_dir = out / REPORT_DIR
     figure_dir.mkdir(exist_ok=True)
     swept = swept_columns(table, setting_columns(out))
+    if TRAIN_MARKER in table.columns:
+        return table, paths + _train_report(table, out, figure_dir, swept)
     for metric, label, scale in METRICS:
         with style.context():
             figures = draw_metric(table, metric, label, scale, swept)
@@ -258,3 +268,62 @@ def _fmt(value) -> str:
     if isinstance(value, float | np.floating):
         return f"{value:.4g}"
     return str(value)
+
+
+# --- training sweeps -------------------------------------------------------------------------
+
+
+def _train_report(table: pd.DataFrame, out: Path, figure_dir: Path, swept: list[str]) -> list:
+    """A training sweep's report: ``summary.csv`` (one row per run,
+    :func:`simkit.train.analysis.run_summary`) and learning curves ``report/<metric>.png`` of
+    :data:`TRAIN_METRICS` against the step, one line per estimator (mean over seeds, shaded
+    min–max band), one panel per value of the other swept settings."""
+    from simkit.train import analysis
+
+    settings = [c for c in swept if c not in ("seed", "estimator", TRAIN_MARKER)]
+    run_keys = [c for c in ("estimator", *settings, "seed") if c in table.columns]
+    summary = analysis.run_summary(table, run_keys)
+    summary_path = out / "summary.csv"
+    summary.to_csv(summary_path, index=False)
+    paths: list[Path] = [summary_path]
+    styles = estimator_styles(table)
+    for metric, label, scale in TRAIN_METRICS:
+        if metric not in table.columns or not table[metric].notna().any():
+            continue
+        curves = analysis.band(table, ["estimator", *settings], y=metric)
+        groups = list(curves.groupby(settings, sort=False)) if settings else [((), curves)]
+        for start in range(0, len(groups), MAX_PANELS):
+            chunk = groups[start : start + MAX_PANELS]
+            with style.context():
+                fig = _train_figure(chunk, settings, metric, label, scale, styles)
+                index = start // MAX_PANELS + 1
+                name = metric if len(groups) <= MAX_PANELS else f"{metric}-{index}"
+                path = figure_dir / f"{name}.png"
+                fig.savefig(path, format="png", dpi=style.DPI, metadata=PNG_METADATA)
+                paths.append(path)
+    return paths
+
+
+def _train_figure(chunk, settings, metric, label, scale, styles):
+    ncols = min(3, len(chunk))
+    nrows = math.ceil(len(chunk) / ncols)
+    fig = _common.new_figure(2.9 * ncols + 1.6, 2.4 * nrows + 0.4)
+    axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
+    for ax, (values, part) in zip(axes, chunk):
+        for name, curve in part.groupby("estimator", sort=False):
+            kw = styles.get(name, {})
+            color = kw.get("color")
+            ax.plot(curve["step"], curve["mean"], label=name, color=color, lw=1.2)
+            ax.fill_between(curve["step"], curve["lo"], curve["hi"], color=color, alpha=0.2, lw=0)
+        if settings:
+            vals = values if isinstance(values, tuple) else (values,)
+            ax.set_title(", ".join(f"{c} = {_fmt(v)}" for c, v in zip(settings, vals)))
+        ax.set_yscale(scale)
+        ax.set_xlabel("step")
+        ax.set_ylabel(label)
+    for ax in axes[len(chunk) :]:
+        ax.set_visible(False)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right center", fontsize=6.5, title="estimator")
+    fig.suptitle(f"{metric} vs step (mean over seeds, band: min–max)")
+    return fig
