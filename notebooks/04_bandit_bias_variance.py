@@ -388,7 +388,7 @@ plt.show()
 
 # %% [markdown]
 # From $\chi^2 = 0.1$ to $\chi^2 = 10$ the exact optimum $C^\star$ grows with the mismatch, from
-# about 1.1 to above 3 (asserted): the more mass sits at large $w$, the more bias a fixed cap
+# about 1.1 to above 3 (monotone and more than doubling, asserted): the more mass sits at large $w$, the more bias a fixed cap
 # throws away, so the best cap moves up — the same direction as the bound's
 # $\sqrt{2(1+\chi^2)}$, though not the same values: that formula optimises a bound, not the
 # MSE. On this bandit the bound's choice is nevertheless a good one, within 5 % of the best
