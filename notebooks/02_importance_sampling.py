@@ -241,6 +241,7 @@ for T in lengths:
             "ESS/n (sample)": frac,
             "SE": se,
             "1/(1+χ²)^T": 1 / theory.seq_is_second_moment(CHI2_TOK, T),
+            "sample / truth": frac * theory.seq_is_second_moment(CHI2_TOK, T),
             "k̂": mappings.psis_khat(log_W),
             "median W": float(np.exp(np.median(log_W))),
             "mean log W": log_W.mean(),
@@ -257,7 +258,7 @@ short = seq_table[seq_table["T"] <= 16]
 assert np.all(np.abs(short["ESS/n (sample)"] - short["1/(1+χ²)^T"]) <= Z * short["SE"])
 assert np.all(short["k̂"] < 0.5)  # light tails, and k̂ says so
 long = seq_table.iloc[-1]  # T = 256
-assert long["ESS/n (sample)"] > 10 * long["1/(1+χ²)^T"]  # the sample ESS is far too optimistic
+assert long["sample / truth"] > 10  # the sample ESS is far too optimistic
 assert long["SE"] < 0.5 * long["ESS/n (sample)"]  # while its own SE claims it is precise
 assert long["k̂"] > 0.7  # and k̂ says so
 
@@ -265,14 +266,14 @@ assert long["k̂"] > 0.7  # and k̂ says so
 # Read the table from top to bottom. For short sequences (T ≤ 16) the sample ESS agrees with
 # n/(1+χ²)^T within its standard error, and k̂ < 0.5. At T = 256 the truth is
 # 1/(1+χ²)^T ≈ 4·10⁻⁶ — less than one effective sequence in the whole sample — yet the sample
-# ESS is hundreds of times larger, and its "standard error" claims a precision of a few tens
-# of per cent (all asserted): the few huge weights that make E W² large have simply not been
-# drawn yet, so the sample underestimates χ² and everything computed from it. T = 64 is the
-# transition: k̂ is above 0.5 and the sample ESS is already off, in a direction that depends
-# on whether one of the rare large weights happened to be drawn (1.6 times too high in the
-# full-size run, 3 times too low with `SIMKIT_FAST=1`). The weights themselves do not tell
-# you that they are lying... except through the shape of their tail, which is what k̂
-# measures.
+# ESS is hundreds of times larger, and its "standard error" claims a precision of 15–30 %
+# (asserted: more than 10 times the truth, SE below half the estimate): the few huge weights
+# that make E W² large have simply not been drawn yet, so the sample underestimates χ² and
+# everything computed from it. T = 64 is the transition: k̂ is above 0.5 and the sample ESS
+# is already off, in a direction that depends on whether one of the rare large weights
+# happened to be drawn (column "sample / truth": 1.6 in the full-size run, 0.3 with
+# `SIMKIT_FAST=1`). The weights themselves do not tell you that they are lying... except
+# through the shape of their tail, which is what k̂ measures.
 #
 # ## 4. Heavy tails and the Pareto k̂
 #

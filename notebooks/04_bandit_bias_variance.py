@@ -388,20 +388,20 @@ plt.show()
 
 # %% [markdown]
 # From $\chi^2 = 0.1$ to $\chi^2 = 10$ the exact optimum $C^\star$ grows with the mismatch, from
-# about 1.1 to above 3 (monotone and more than doubling, asserted): the more mass sits at large $w$, the more bias a fixed cap
-# throws away, so the best cap moves up — the same direction as the bound's
-# $\sqrt{2(1+\chi^2)}$, though not the same values: that formula optimises a bound, not the
-# MSE. On this bandit the bound's choice is nevertheless a good one, within 5 % of the best
-# MSE up to $\chi^2 = 10$ (asserted). As the mismatch grows the valley flattens: at
-# $\chi^2 = 1$ the MSE varies by more than 20 % over $1 \le C \le 5$, from $\chi^2 = 10$ on by
-# less than 10 % (asserted, last column), so the minimum is poorly determined. At
-# $\chi^2 = 30$ (full-size grid only) it falls back to $C^\star \approx 1.5$ while the bound
-# keeps growing (7.9), and the bound's choice now costs more than 10 % of MSE (asserted).
-# Just like $\lambda$ in GAE, $C^\star$ is a property of the problem (mismatch,
-# batch size, reward noise), not a universal constant. At $\chi^2 \ge 1$ the best cap cuts
-# the MSE of sequence IS by more than 20 % (asserted). At the smallest mismatch the optimum
-# sits just above the bottom of the grid, $C = 1$: a cap below 1 would shrink every weight,
-# which is a change of step size rather than a correction, so we do not search there.
+# about 1.1 to above 3 (monotone and more than doubling, asserted): the more mass sits at
+# large $w$, the more bias a fixed cap throws away, so the best cap moves up — the same
+# direction as the bound's $\sqrt{2(1+\chi^2)}$, though not the same values: that formula
+# optimises a bound, not the MSE. On this bandit the bound's choice is nevertheless a good
+# one, within 5 % of the best MSE up to $\chi^2 = 10$ (asserted). As the mismatch grows the
+# valley flattens: at $\chi^2 = 1$ the MSE varies by more than 20 % over $1 \le C \le 5$, from
+# $\chi^2 = 10$ on by less than 10 % (asserted, last column), so the minimum is poorly
+# determined. At $\chi^2 = 30$ (full-size grid only) it falls back to $C^\star \approx 1.5$
+# while the bound keeps growing (7.9), and the bound's choice now costs more than 10 % of
+# MSE (asserted). Just like $\lambda$ in GAE, $C^\star$ is a property of the problem
+# (mismatch, batch size, reward noise), not a universal constant. At $\chi^2 \ge 1$ the best
+# cap cuts the MSE of sequence IS by more than 20 % (asserted). At the smallest mismatch the
+# optimum sits just above the bottom of the grid, $C = 1$: a cap below 1 would shrink every
+# weight, which is a change of step size rather than a correction, so we do not search there.
 #
 # Explore the MSE curve of any knob at any mismatch:
 

@@ -246,7 +246,9 @@ assert np.allclose(tail.loc[truncations, "mse"], tail.loc["naive", "mse"], rtol=
 assert tail.loc["is_seq", "mse"] > 3 * tail.loc["naive", "mse"]
 assert tail.loc["ppo_clip", "mse"] > 2 * tail.loc["naive", "mse"]
 noise = tables["logit_noise"]
-assert noise.loc["vespo", "mse"] > 2 * noise.loc["naive", "mse"]  # vespo changes rank
+assert np.all(noise.loc[truncations, "mse"] < 0.6 * noise.loc["naive", "mse"])
+assert noise.loc["is_seq", "mse"] > noise.loc["naive", "mse"]
+assert noise.loc["ppo_clip", "mse"] < noise.loc["naive", "mse"]  # ppo_clip changes side
 
 # %% [markdown]
 # With `tail` the mismatch lives on one arm that μ almost never samples (w ≈ 534 there,
@@ -254,10 +256,13 @@ assert noise.loc["vespo", "mse"] > 2 * noise.loc["naive", "mse"]  # vespo change
 # truncations `tis_seq`, `mis_seq`, `cispo`, SAPO's gate and VESPO's kernel (φ(534) ≈ 0) —
 # removes that arm's weight and leaves the others alone, so they all collapse onto naive
 # REINFORCE (within 5 %, asserted): they keep naive's small bias, which is TV-sized
-# (exercise 1: TV = 0.006 here). That is why they all look alike. VESPO changes rank the
-# most: under the broad `logit_noise` mismatch its non-monotone kernel costs it 2.6 times naive's
-# MSE, under `tail` it is as good as the others. Two mappings still pay for the rare arm:
-# sequence IS (the whole χ² = 3 in variance) and PPO clip, whose A < 0 side keeps r
-# unbounded (exercise 3). The lesson: at a fixed χ² the *shape* of the mismatch decides the
-# ranking — a few huge ratios (small TV and KL) favour any cap, while a broad mismatch
-# (large TV) is where the knobs differ.
+# (exercise 1: TV = 0.006 here). That is why they all look alike. Under the broad
+# `logit_noise` mismatch (TV = 0.31, every arm's ratio off by more than 10 %) the same
+# mappings are far from naive: `tis_seq`, `mis_seq`, `cispo` and SAPO cut its MSE by a factor
+# of 3.2 to 3.6 and VESPO by about 2 (all five below 0.6 times naive, asserted), because
+# naive's bias is now large. Two mappings pay for the rare arm of `tail`: sequence IS (the
+# whole χ² = 3 in variance) and PPO clip, whose A < 0 side keeps r unbounded (exercise 3).
+# PPO clip changes rank the most: slightly better than naive under `logit_noise` (0.86 times
+# its MSE), 2.6 times worse under `tail` (both asserted). The lesson: at a fixed χ² the
+# *shape* of the mismatch decides the ranking — a few huge ratios (small TV and KL) favour
+# any cap, while a broad mismatch (large TV) is where the knobs differ.

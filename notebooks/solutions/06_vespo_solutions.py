@@ -121,7 +121,7 @@ ax.legend(fontsize=8)
 plt.show()
 
 # %% [markdown]
-# $\lambda^\star(C)$ decreases and hits 0 exactly at $C = \mathbb{E}_{Q_0}[W] \approx 3.35$:
+# $\lambda^\star(C)$ decreases and hits 0 exactly at $C = \mathbb{E}_{Q_0}[W] \approx 3.78$:
 # above that budget the unconstrained optimum $\mu W^2$ already satisfies the constraint and
 # complementary slackness forces $\lambda^\star = 0$. As $C \downarrow \min W$ the multiplier
 # blows up and $Q^\star$ concentrates on the outcome with the smallest weight.
@@ -276,6 +276,7 @@ for T in (8, 16, 32, 64, 128) if FAST else (8, 16, 32, 64, 128, 256):
     rows.append(row)
 rate = pd.DataFrame(rows).set_index("T")
 display(rate)
+print(f"Λ(θ*) = {Lambda_star:.6f}: Z loses a factor e every {1 / abs(Lambda_star):.1f} tokens")
 for pair in ("(2,3)", "(3,2)"):
     rel = np.abs(rate[pair] / rate["TΛ(θ*)"] - 1)
     assert np.all(np.diff(rel.to_numpy()) < 0) and rel.iloc[-1] < 0.01, pair
@@ -292,9 +293,10 @@ for chi2, tol in ((0.01, 0.02), (0.2, 0.15)):  # Λ(θ*) ≈ −χ²/8 for a sma
 # The differenced $\log Z$ converges to $T\Lambda(\theta^\star)$ for both kernels, within 1 %
 # at the longest length (asserted). **What it means.** VESPO's mean coefficient decays
 # exponentially in the length, at the Chernoff rate $|\Lambda(\theta^\star)| \approx \chi^2/8$
-# per token. With $\chi^2 = 0.2$ per token, $Z$ loses a factor $e$ every ≈ 46 tokens: long
-# off-policy responses contribute almost nothing, which is VESPO's safety mechanism and also
-# a step-size effect that interacts with the aggregation (with `token-mean`, long responses
-# are further divided by the token count). At the mismatches of real inference engines
+# per token. With $\chi^2 = 0.2$ per token, $Z$ loses a factor $e$ every
+# $1/|\Lambda(\theta^\star)| \approx 42$ tokens (printed above): long off-policy responses
+# contribute almost nothing, which is VESPO's safety mechanism and also a step-size effect
+# that interacts with the aggregation (with `token-mean`, long responses are further divided
+# by the token count). At the mismatches of real inference engines
 # ($\chi^2 \sim 10^{-3}$ per token) the same formula gives a factor $e$ per ≈ 8 000 tokens —
 # negligible for typical responses, large for very long or very stale ones.

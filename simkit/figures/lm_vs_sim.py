@@ -82,12 +82,12 @@ class Config:
     mapping_names: tuple[str, ...] | None = None
     aggregation: str = "seq-mean-token-sum"
     params: str = "norm"
-    T: int = 16
+    T: int = 12
     n: int = 8
     reps: int = 32
-    n_ref: int = 256
-    n_pilot: int = 128
-    twin_V: int = 3
+    n_ref: int = 192
+    n_pilot: int = 96
+    twin_V: int = 4
     twin_reps: int = 400
     shift_family: str = "logit_noise"
     n_boot: int = 400
@@ -128,7 +128,7 @@ def config(small: bool = False) -> Config:
             task="token",
             task_kwargs=(("vocab_size", 64), ("target", 58), ("n_prompts", 4)),
             stop_at_eos=False,
-            behaviours=("temperature:1.4",),
+            behaviours=("temperature:2.0",),
             mapping_names=(
                 "naive",
                 "is_token",
@@ -148,7 +148,7 @@ def config(small: bool = False) -> Config:
             reps=60,
             n_ref=600,
             n_pilot=200,
-            twin_V=2,
+            twin_V=4,
             twin_reps=200,
             n_boot=200,
         )

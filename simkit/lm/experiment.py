@@ -1369,8 +1369,16 @@ def simulation_twin(
     follow the LM's; the answer has π_t(answer) = a·(1 − h_t) with a solved (``brentq``) so
     that J(π) = ``J``; V ≥ 3 then. μ_t = ``shifts.dial(π_t, χ²_t, "chi2",
     family=shift_family)``, so χ²(π_t‖μ_t) equals the LM's χ² at position t (positions without
-    tokens, NaN in the profile, get μ_t = π_t). J must be in (0, 1) (a reward that never or
-    always fires carries no gradient). Returns ``(env, mu)`` with mu (T, 1, V).
+    tokens, NaN in the profile, get μ_t = π_t); with an EOS, μ_t keeps π_t's EOS probability
+    h_t (so μ's lengths, which the LM's profile measured, are the twin's too) and the
+    continuation given "no EOS" is dialled to χ²_t/(1 − h_t), which gives χ²(π_t‖μ_t) = χ²_t.
+    J must be in (0, 1) (a reward that never or always fires carries no gradient). Returns
+    ``(env, mu)`` with mu (T, 1, V).
+
+    V matters: with several "other" tokens the dialled μ can reshuffle mass among them, as an
+    LM's mismatch mostly moves mass among reward-irrelevant tokens; with a single other token
+    the only way to reach χ²_t is to move the answer's own probability, which changes the
+    reward under μ (measured on SmolLM2: rank agreement is much weaker with V = 3 than V = 4).
 
     The LM's profile and lengths are measured under μ (its responses); the twin uses them for
     π, an approximation of order the mismatch itself.
@@ -1428,8 +1436,15 @@ def simulation_twin(
     pi = env.pi[:, 0, :]
     mu = pi.copy()
     moved = chi2 > 0
-    if moved.any():
+    if moved.any() and env.eos is None:
         mu[moved] = shifts.dial(pi[moved], chi2[moved], "chi2", family=shift_family)
+    elif moved.any():
+        # μ keeps π's EOS hazard (the measured lengths are μ's) and moves the continuation:
+        # χ²(π_t‖μ_t) = (1 − h_t)·χ²(π'_t‖μ'_t) for the conditionals π', μ' given "no EOS"
+        stay = 1.0 - pi[moved, -1]
+        cont = pi[moved, :-1] / stay[:, None]
+        dialled = shifts.dial(cont, chi2[moved] / stay, "chi2", family=shift_family)
+        mu[moved, :-1] = dialled * stay[:, None]
     return env, mu[:, None, :]
 
 
