@@ -403,7 +403,13 @@ def _add_compare(sub) -> None:
         metavar="SPEC",
         help="a behaviour spec (repeat for several)",
     )
-    p.add_argument("--twin-v", type=int, default=3, help="vocabulary of the twin (3)")
+    p.add_argument(
+        "--twin-v",
+        type=int,
+        default=4,
+        help="tokens of the twin: the answer, others, and the EOS when responses stop at it "
+        "(default: %(default)s)",
+    )
     p.add_argument("--twin-reps", type=int, default=400, help="Monte Carlo batches, twin (400)")
     p.add_argument("--out", metavar="FILE", help="write the comparison table (.csv or .parquet)")
     p.add_argument("--plot", metavar="FILE", help="draw the lm_vs_sim figure to FILE (.png/.pdf)")
