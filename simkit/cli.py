@@ -405,12 +405,20 @@ def _add_train(subparsers) -> None:
     register(subparsers)
 
 
+def _add_lm(subparsers) -> None:
+    # torch is imported only when an lm subcommand runs
+    from simkit.lm.cli import register
+
+    register(subparsers)
+
+
 #: subcommand name -> function adding it to the subparsers (in help order)
 SUBCOMMANDS: dict[str, Callable] = {
     "run": _add_run,
     "sweep": _add_sweep,
     "report": _add_report,
     "train": _add_train,
+    "lm": _add_lm,
     "figures": _add_figures,
     "info": _add_info,
     "list": _add_list,

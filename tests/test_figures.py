@@ -31,6 +31,7 @@ EXPECTED = [
     "same_kl_different_chi2",
     "token_bias_vs_T",
     "mse_vs_T",
+    "lm_vs_sim",
     "staleness_curves",
     "mismatch_curves",
     "collapse_map",
