@@ -27,3 +27,20 @@ def test_readme_examples_run():
     # the token-MDP example: every estimator exact, sequence IS unbiased
     assert table["exact"].all()
     assert table.loc[table["mapping"] == "is_seq", "bias"].iloc[0] < 1e-12
+
+
+def test_readme_lists_every_notebook():
+    text = README.read_text(encoding="utf-8")
+    notebooks = sorted((README.parent / "notebooks").glob("[0-9][0-9]_*.py"))
+    assert notebooks, "no notebooks found"
+    missing = [p.stem for p in notebooks if f"`{p.stem}`" not in text]
+    assert not missing, f"README.md does not list the notebooks {missing}"
+    assert "make lab" in text
+
+
+def test_readme_lists_every_figure():
+    from simkit.figures import FIGURES
+
+    text = README.read_text(encoding="utf-8")
+    missing = [name for name in FIGURES if f"`{name}`" not in text]
+    assert not missing, f"README.md does not list the figures {missing}"
