@@ -33,6 +33,7 @@ import pandas as pd
 
 from simkit.config import TrainSweepConfig, mismatch_to_dict
 from simkit.figures.staleness_curves import (
+    collapse_line,
     environment_note,
     ranking,
     recipe_style,
@@ -163,19 +164,7 @@ def paper_verdict(summary: pd.DataFrame, order: list[str]) -> list[str]:
             lines.append(
                 f"Mean J over the run (learning speed), '{label}': {ranking(part, 'J_mean')}."
             )
-    col = summary[summary["collapsed"] > 0]
-    if len(col):
-        parts = [
-            f"{recipe_label(r)} under '{m}' ({c}/{k} seeds)"
-            for r, m, c, k in zip(
-                col["recipe"], col["mismatch"], col["collapsed"], col["runs"], strict=True
-            )
-        ]
-        lines.append("Collapsed runs: " + "; ".join(parts) + ".")
-    else:
-        lines.append(
-            f"No run collapsed (none lost more than {COLLAPSE_FRACTION:.0%} of its best gain)."
-        )
+    lines.append(collapse_line(summary, lambda row: f"under '{row.mismatch}'"))
     present = set(summary["recipe"])
     token = [r for r in PAPER_TOKEN_LEVEL if r in present]
     seq = [r for r in PAPER_SEQUENCE_LEVEL if r in present]

@@ -228,6 +228,20 @@ def ranking(summary: pd.DataFrame, column: str = "J_final") -> str:
     )
 
 
+def collapse_line(summary: pd.DataFrame, where) -> str:
+    """One note line: the summary rows with collapsed runs — "<recipe> <where(row)> (c/k seeds)"
+    — or that no run collapsed. ``summary`` has ``recipe``, ``collapsed`` and ``runs`` columns
+    (:func:`summarize`); ``where`` maps a row (namedtuple) to its setting, e.g. "at N = 64"."""
+    col = summary[summary["collapsed"] > 0]
+    if len(col):
+        parts = [
+            f"{recipe_label(row.recipe)} {where(row)} ({row.collapsed}/{row.runs} seeds)"
+            for row in col.itertuples(index=False)
+        ]
+        return "Collapsed runs: " + "; ".join(parts) + "."
+    return f"No run collapsed (none lost more than {COLLAPSE_FRACTION:.0%} of its best gain in J)."
+
+
 def paper_verdict(summary: pd.DataFrame) -> list[str]:
     """Lines comparing the measured collapses and ordering with VESPO's claim."""
     Ns = sorted(summary["N"].unique())
@@ -239,19 +253,7 @@ def paper_verdict(summary: pd.DataFrame) -> list[str]:
     lines.append(
         f"Mean J over the run (learning speed) at N = {N_max}: {ranking(at_max, 'J_mean')}."
     )
-    col = summary[summary["collapsed"] > 0]
-    if len(col):
-        parts = [
-            f"{recipe_label(r)} at N = {n} ({c}/{k} seeds)"
-            for r, n, c, k in zip(
-                col["recipe"], col["N"], col["collapsed"], col["runs"], strict=True
-            )
-        ]
-        lines.append("Collapsed runs: " + "; ".join(parts) + ".")
-    else:
-        lines.append(
-            f"No run collapsed (none lost more than {COLLAPSE_FRACTION:.0%} of its best gain in J)."
-        )
+    lines.append(collapse_line(summary, lambda row: f"at N = {row.N}"))
     if PAPER_STABLE in present and present & set(PAPER_COLLAPSING):
         stable = summary[(summary["recipe"] == PAPER_STABLE)]["collapsed"].sum() == 0
         others = [r for r in PAPER_COLLAPSING if r in present]
