@@ -28,10 +28,10 @@ import numpy as np
 import pandas as pd
 
 from simkit.config import TrainSweepConfig
+from simkit.figures import staleness_curves
 from simkit.figures.staleness_curves import (
     PAPER_COLLAPSING,
     PAPER_STABLE,
-    environment_dict,
     environment_note,
     run_grid,
     schedule_note,
@@ -44,7 +44,7 @@ from simkit.train.analysis import (
     optimal_J,
     run_summary,
 )
-from simkit.train.recipes import RECIPES, recipe_entry, recipe_label
+from simkit.train.recipes import RECIPES, recipe_label
 
 NAME = "collapse_map"
 TITLE = "Final J over staleness N × length T, per recipe"
@@ -103,23 +103,9 @@ def config(small: bool = False) -> Config:
 
 
 def sweep_config(cfg: Config) -> TrainSweepConfig:
-    """The training sweep of the figure (``configs/train_collapse_map.toml`` at full size)."""
-    d = {
-        "kind": "train",
-        "name": NAME,
-        "steps": cfg.steps,
-        "minibatch_size": cfg.minibatch_size,
-        "minibatches": list(cfg.staleness),
-        "lr": cfg.lr,
-        "optimizer": "adam",
-        "record_every": cfg.record_every,
-        "seeds": list(cfg.seeds),
-        "environment": environment_dict(cfg),
-        "estimators": [recipe_entry(r, cfg.group_size) for r in cfg.recipes],
-    }
-    if cfg.max_grad_norm is not None:
-        d["max_grad_norm"] = cfg.max_grad_norm
-    return TrainSweepConfig.from_dict(d)
+    """The training sweep of the figure (``configs/train_collapse_map.toml`` at full size): the
+    grid of :func:`simkit.figures.staleness_curves.sweep_config` with T swept too."""
+    return staleness_curves.sweep_config(cfg, name=NAME)
 
 
 def cell_grid(runs: pd.DataFrame) -> pd.DataFrame:

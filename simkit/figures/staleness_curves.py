@@ -126,11 +126,13 @@ def environment_dict(cfg) -> dict:
     return d
 
 
-def sweep_config(cfg: Config) -> TrainSweepConfig:
-    """The training sweep of the figure (``configs/train_staleness_curves.toml`` at full size)."""
+def sweep_config(cfg: Config, name: str = NAME) -> TrainSweepConfig:
+    """The training sweep of the figure (``configs/train_staleness_curves.toml`` at full size):
+    recipes × staleness N × seeds on ``environment_dict(cfg)``. ``collapse_map`` reuses it
+    (its Config has the same fields, with T swept) under its own ``name``."""
     d = {
         "kind": "train",
-        "name": NAME,
+        "name": name,
         "steps": cfg.steps,
         "minibatch_size": cfg.minibatch_size,
         "minibatches": list(cfg.staleness),
