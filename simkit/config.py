@@ -687,6 +687,24 @@ def _message(exc: BaseException) -> str:
     return exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
 
 
+def _distinct_estimators(configs) -> list[tuple[int, _estimators.Estimator]]:
+    """Every (index of its config entry, estimator) expanded from ``configs``; an estimator name
+    produced twice is an error naming both entries."""
+    names: dict[str, int] = {}
+    out = []
+    for i, e in enumerate(configs):
+        for est in e.build():
+            if est.name in names:
+                _fail(
+                    f"estimators[{i}]",
+                    f"estimator {est.name!r} is already produced by "
+                    f"estimators[{names[est.name]}]; every expanded estimator must be distinct",
+                )
+            names[est.name] = i
+            out.append((i, est))
+    return out
+
+
 def _estimator_from_dict(d, i: int) -> EstimatorConfig:
     path = f"estimators[{i}]"
     allowed = tuple(f for f in _fields(EstimatorConfig) if f != "path")
@@ -774,22 +792,12 @@ class SweepConfig:
             for key in ("aggregate", "fraction"):
                 if getattr(b, key) is not None:
                     _fail(f"behaviour.{key}", "applies to a token MDP environment only")
-        names: dict[str, int] = {}
-        for i, e in enumerate(self.estimators):
-            for est in e.build():
-                if est.name in names:
-                    _fail(
-                        f"estimators[{i}]",
-                        f"estimator {est.name!r} is already produced by "
-                        f"estimators[{names[est.name]}]; every expanded estimator must be "
-                        "distinct",
-                    )
-                names[est.name] = i
-                for n in self.n:
-                    try:
-                        est.check_batch_size(n)
-                    except ValueError as exc:
-                        _fail(f"estimators[{i}].group_size", str(exc))
+        for i, est in _distinct_estimators(self.estimators):
+            for n in self.n:
+                try:
+                    est.check_batch_size(n)
+                except ValueError as exc:
+                    _fail(f"estimators[{i}].group_size", str(exc))
 
     @classmethod
     def from_dict(cls, d: dict) -> SweepConfig | TrainSweepConfig:
@@ -1007,17 +1015,7 @@ class TrainSweepConfig:
                 _fail("max_grad_norm", f"must be > 0 (or absent: no clipping), got {value!r}")
             object.__setattr__(self, "max_grad_norm", value)
         object.__setattr__(self, "record_every", _int(self.record_every, "record_every", low=1))
-        names: dict[str, int] = {}
-        for i, e in enumerate(self.estimators):
-            for est in e.build():
-                if est.name in names:
-                    _fail(
-                        f"estimators[{i}]",
-                        f"estimator {est.name!r} is already produced by "
-                        f"estimators[{names[est.name]}]; every expanded estimator must be "
-                        "distinct",
-                    )
-                names[est.name] = i
+        _distinct_estimators(self.estimators)
         self.validate()
 
     # --- construction --------------------------------------------------------------------
