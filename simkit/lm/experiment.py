@@ -991,37 +991,44 @@ _RESERVED = {
 }
 
 
+def _chunked_draws(model, policy, common, n_prompts, total, chunk, seed_seq, torch_gen, **kw):
+    """``total`` draws from ``policy`` in chunks of at most ``chunk`` prompts, uniform over the
+    ``n_prompts`` prompts, from the numpy and torch streams of ``seed_seq``.
+
+    Yields ``(k, draw)`` per chunk of ``k`` prompts."""
+    rng, gen = np.random.default_rng(seed_seq), torch_gen(seed_seq)
+    for start in range(0, total, chunk):
+        k = min(chunk, total - start)
+        index = rng.integers(0, n_prompts, size=k)
+        yield k, _draw(model, policy, prompt_index=index, generator=gen, **kw, **common)
+
+
 def _pilot_and_reference(
     model, on_policy, common, n_prompts, n_pilot, n_ref, chunk, ss_pilot, ss_ref, torch_gen, bar
 ):
     """J from ``n_pilot`` on-policy rewards; REINFORCE terms u_j (n_ref, D) with baseline J."""
-    rng, gen = np.random.default_rng(ss_pilot), torch_gen(ss_pilot)
-    pilot = []
-    for start in range(0, n_pilot, chunk):
-        k = min(chunk, n_pilot - start)
-        d = _draw(
-            model,
-            on_policy,
-            prompt_index=rng.integers(0, n_prompts, size=k),
-            generator=gen,
-            with_scores=False,
-            **common,
-        )
-        pilot.append(d.rewards)
-    pilot_r = np.concatenate(pilot)
+    pilot_r = np.concatenate(
+        [
+            d.rewards
+            for _, d in _chunked_draws(
+                model,
+                on_policy,
+                common,
+                n_prompts,
+                n_pilot,
+                chunk,
+                ss_pilot,
+                torch_gen,
+                with_scores=False,
+            )
+        ]
+    )
     J = float(pilot_r.mean())
     J_se = float(pilot_r.std(ddof=1) / math.sqrt(len(pilot_r))) if len(pilot_r) > 1 else math.nan
-    rng, gen = np.random.default_rng(ss_ref), torch_gen(ss_ref)
     ref_rows = []
-    for start in range(0, n_ref, chunk):
-        k = min(chunk, n_ref - start)
-        d = _draw(
-            model,
-            on_policy,
-            prompt_index=rng.integers(0, n_prompts, size=k),
-            generator=gen,
-            **common,
-        )
+    for k, d in _chunked_draws(
+        model, on_policy, common, n_prompts, n_ref, chunk, ss_ref, torch_gen
+    ):
         adv = torch.as_tensor(d.rewards - J, dtype=torch.float64, device=d.scores.device)
         u = torch.einsum("n,ntd->nd", adv, d.scores.double())
         ref_rows.append(u.cpu().numpy())
