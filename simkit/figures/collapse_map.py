@@ -44,7 +44,7 @@ from simkit.train.analysis import (
     optimal_J,
     run_summary,
 )
-from simkit.train.recipes import RECIPES, recipe_label
+from simkit.train.recipes import recipe_label
 
 NAME = "collapse_map"
 TITLE = "Final J over staleness N × length T, per recipe"
@@ -79,11 +79,9 @@ class Config:
     seeds: tuple[int, ...] = (0, 1)
 
     def __post_init__(self):
-        unknown = [r for r in self.recipes if r not in RECIPES]
-        if unknown:
-            raise ValueError(f"unknown recipe(s) {unknown}; available: {', '.join(RECIPES)}")
-        if not self.recipes or not self.staleness or not self.seeds or not self.T:
-            raise ValueError("recipes, staleness, T and seeds must be non-empty")
+        staleness_curves.check_grid(
+            self.recipes, staleness=self.staleness, T=self.T, seeds=self.seeds
+        )
 
 
 def config(small: bool = False) -> Config:

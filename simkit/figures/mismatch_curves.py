@@ -33,6 +33,7 @@ import pandas as pd
 
 from simkit.config import TrainSweepConfig, mismatch_to_dict
 from simkit.figures.staleness_curves import (
+    check_grid,
     collapse_line,
     environment_note,
     ranking,
@@ -44,7 +45,7 @@ from simkit.figures.staleness_curves import (
 )
 from simkit.train import Mismatch
 from simkit.train.analysis import COLLAPSE_FRACTION, TAIL_FRACTION, band, optimal_J, run_summary
-from simkit.train.recipes import RECIPES, recipe_entry, recipe_label
+from simkit.train.recipes import recipe_entry, recipe_label
 
 NAME = "mismatch_curves"
 TITLE = "Learning curves under train–inference mismatch (token-TIS, seq-MIS, Geo-Mask, VESPO)"
@@ -94,11 +95,7 @@ class Config:
     seeds: tuple[int, ...] = (0, 1, 2)
 
     def __post_init__(self):
-        unknown = [r for r in self.recipes if r not in RECIPES]
-        if unknown:
-            raise ValueError(f"unknown recipe(s) {unknown}; available: {', '.join(RECIPES)}")
-        if not self.recipes or not self.mismatches or not self.seeds:
-            raise ValueError("recipes, mismatches and seeds must be non-empty")
+        check_grid(self.recipes, mismatches=self.mismatches, seeds=self.seeds)
 
 
 def config(small: bool = False) -> Config:
