@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import time
 from pathlib import Path
 
 import numpy as np
+from timing import best_time
 
 from simkit import divergence, shifts
 
@@ -33,15 +33,6 @@ CASES = [
     ("top_p", "tv", 0.1),
     ("top_k", "tv", 0.1),
 ]
-
-
-def best_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def softmax(logits):

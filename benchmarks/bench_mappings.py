@@ -16,23 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import time
 from pathlib import Path
 
 import numpy as np
+from timing import best_time
 
 from simkit import mappings
 
 TARGET_RATIO = 4.0
-
-
-def best_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def make_batch(n: int, t: int, ragged: bool, seed: int):

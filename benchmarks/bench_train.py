@@ -28,10 +28,10 @@ import argparse
 import json
 import os
 import platform
-import time
 from pathlib import Path
 
 import numpy as np
+from timing import best_time
 
 from simkit.envs import TokenMDP, accumulate_tokens, sample_tokens
 from simkit.sweep import run_config, single_threaded_blas
@@ -41,15 +41,6 @@ from simkit.train.recipes import recipe
 TARGET_MINUTES = 30.0
 GRID_RUNS = 64
 GRID_STEPS = 1000
-
-
-def best_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,19 @@
+"""Timing shared by the benchmark scripts (imported as ``timing`` when a script runs from
+``benchmarks/``, which Python puts first on ``sys.path``)."""
+
+from __future__ import annotations
+
+import time
+
+
+def best_time(fn, repeats: int) -> float:
+    """The smallest wall-clock time of ``repeats`` calls of ``fn()`` (seconds, perf_counter):
+    the best of several runs, the usual estimate least disturbed by other load."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
