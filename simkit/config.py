@@ -687,6 +687,16 @@ def _message(exc: BaseException) -> str:
     return exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
 
 
+def _estimator_configs(ests) -> tuple:
+    """``estimators`` as a tuple of :class:`EstimatorConfig`: a non-empty list is required."""
+    if isinstance(ests, EstimatorConfig) or not isinstance(ests, list | tuple) or not ests:
+        _fail("estimators", "expected a non-empty list of estimator tables")
+    for i, e in enumerate(ests):
+        if not isinstance(e, EstimatorConfig):
+            _fail(f"estimators[{i}]", f"expected an EstimatorConfig, got {_type_name(e)}")
+    return tuple(ests)
+
+
 def _distinct_estimators(configs) -> list[tuple[int, _estimators.Estimator]]:
     """Every (index of its config entry, estimator) expanded from ``configs``; an estimator name
     produced twice is an error naming both entries."""
@@ -766,13 +776,7 @@ class SweepConfig:
             _fail("environment", f"expected an environment config, got {self.environment!r}")
         if not isinstance(self.behaviour, BehaviourConfig):
             _fail("behaviour", f"expected a BehaviourConfig, got {self.behaviour!r}")
-        ests = self.estimators
-        if isinstance(ests, EstimatorConfig) or not isinstance(ests, list | tuple) or not ests:
-            _fail("estimators", "expected a non-empty list of estimator tables")
-        for i, e in enumerate(ests):
-            if not isinstance(e, EstimatorConfig):
-                _fail(f"estimators[{i}]", f"expected an EstimatorConfig, got {_type_name(e)}")
-        object.__setattr__(self, "estimators", tuple(ests))
+        object.__setattr__(self, "estimators", _estimator_configs(self.estimators))
         ns = _tuple(self.n, "n", lambda v, q: _int(v, q, low=1))
         _distinct(ns, "n")
         object.__setattr__(self, "n", ns)
@@ -955,13 +959,7 @@ class TrainSweepConfig:
                 "a training sweep needs a token MDP environment (kind = 'token_mdp'), got "
                 f"{_type_name(self.environment)}",
             )
-        ests = self.estimators
-        if isinstance(ests, EstimatorConfig) or not isinstance(ests, list | tuple) or not ests:
-            _fail("estimators", "expected a non-empty list of estimator tables")
-        for i, e in enumerate(ests):
-            if not isinstance(e, EstimatorConfig):
-                _fail(f"estimators[{i}]", f"expected an EstimatorConfig, got {_type_name(e)}")
-        object.__setattr__(self, "estimators", tuple(ests))
+        object.__setattr__(self, "estimators", _estimator_configs(self.estimators))
         object.__setattr__(self, "steps", _int(self.steps, "steps", low=1))
         for name, low in (("minibatches", 1), ("lag", 0), ("seeds", 0)):
             values = _tuple(getattr(self, name), name, lambda v, q, lo=low: _int(v, q, low=lo))
