@@ -71,6 +71,19 @@ class Mapping:
     on_policy_identity: ClassVar[bool] = True
     #: named presets: preset name -> dict of hyperparameters (see ``get(name, preset=...)``)
     presets: ClassVar[dict[str, dict]] = {}
+    #: True for rejection mappings (c = 0 means "token dropped"): see :meth:`kept_mask`
+    rejects: ClassVar[bool] = False
+    #: True when ``coefficients`` draws random numbers (keyword ``rng``: a numpy Generator)
+    stochastic: ClassVar[bool] = False
+
+    def kept_mask(self, log_ratio, mask, advantages) -> np.ndarray:
+        """Tokens kept by this mapping's rejection, (N, T) bool (the aggregation option
+        ``denominator="kept"`` divides by them): ``mask`` when the mapping does not reject,
+        else the valid tokens with c ≠ 0 (a kept ratio below e^−745 would underflow to 0)."""
+        lr, m, adv = check_batch(log_ratio, mask, advantages)
+        if not self.rejects:
+            return m.copy()
+        return m & (self._coefficients(lr, m, adv) != 0)
 
     def coefficients(self, log_ratio, mask, advantages) -> np.ndarray:
         """Effective coefficients c of shape (N, T); 0 where ``mask`` is False.
