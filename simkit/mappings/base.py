@@ -75,6 +75,8 @@ class Mapping:
     rejects: ClassVar[bool] = False
     #: True when ``coefficients`` draws random numbers (keyword ``rng``: a numpy Generator)
     stochastic: ClassVar[bool] = False
+    #: True when ``coefficients`` also reads log π itself (keyword ``log_prob``, (N, T))
+    uses_log_prob: ClassVar[bool] = False
 
     def kept_mask(self, log_ratio, mask, advantages) -> np.ndarray:
         """Tokens kept by this mapping's rejection, (N, T) bool (the aggregation option

@@ -129,6 +129,7 @@ class ClipCov(Mapping):
     level = "batch"
     batch_dependent = True
     stochastic = True
+    uses_log_prob = True
 
     def __post_init__(self):
         check_real(self, "eps_low", low=0.0, high=math.inf, allow_inf=True)
@@ -189,6 +190,7 @@ class KLCov(Mapping):
     name = "kl_cov"
     level = "batch"
     batch_dependent = True
+    uses_log_prob = True
 
     def __post_init__(self):
         _check_ratio(self)
