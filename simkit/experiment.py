@@ -69,7 +69,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from simkit.estimators import Estimator, as_estimator
+from simkit.estimators import ORACLE_ADVANTAGES, PER_SAMPLE_ADVANTAGES, Estimator, as_estimator
 from simkit.mappings.psis import psis_khat
 
 #: metrics that carry ``*_lo``/``*_hi`` bounds on the Monte Carlo path
@@ -179,12 +179,13 @@ def exact_moments(env, behaviour, estimator, n: int) -> ExactMoments:
     """E ĝ, Var ĝ and ESS of an n-sample estimator by enumeration of the support (exact).
 
     Needs an exact path (:func:`has_exact_path`: a per-sample estimator, a deterministic Z and
-    an enumerable environment). With the atoms of ``env.support(μ, b)`` (b = J for the oracle
-    advantage, 0 for raw) — (y, sign A) on the bandit, whole sequences y on the token MDP —,
-    c_t the mapping's coefficients on each atom (one (M, T) call) and a_t = n/Z_i the
-    aggregation weight of one sample (the atom seen as a batch of one: 1/T for fixed-length
-    token-mean, 1/|y| for seq-mean-token-mean, 1 for seq-mean-token-sum, 1/L_max for
-    seq-mean-token-sum-norm), each sample contributes h = A·Σ_t c_t a_t ∇log π(y_t|s_t) and
+    an enumerable environment). With the atoms of ``env.support(μ, b)`` (b = J(μ) for the
+    ``oracle`` advantage, J(π) for ``oracle_pi``, 0 for raw: :func:`oracle_baseline`) — (y, sign
+    A) on the bandit, whole sequences y on the token MDP —, c_t the mapping's coefficients on
+    each atom (one (M, T) call) and a_t = n/Z_i the aggregation weight of one sample (the atom
+    seen as a batch of one: 1/T for fixed-length token-mean, 1/|y| for seq-mean-token-mean, 1
+    for seq-mean-token-sum, 1/L_max for seq-mean-token-sum-norm), each sample contributes h =
+    A·Σ_t c_t a_t ∇log π(y_t|s_t) and
     ĝ = (1/n) Σ_i h_i with h_i i.i.d.:
 
         E h   = Σ_atoms E[A·1{atom}] · Σ_t c_t a_t ∇log π(y_t|s_t)       (one ``accumulate``)
@@ -203,7 +204,7 @@ def exact_moments(env, behaviour, estimator, n: int) -> ExactMoments:
         raise ValueError(f"estimator {est.name!r} {kind}: {why}")
     est.check_batch_size(n)
     mu = env.check_policy(behaviour, "behaviour")
-    baseline = env.J() if est.advantage == "oracle" else 0.0
+    baseline = oracle_baseline(env, mu, est)
     atoms = env.support(mu, baseline)
     mask = np.asarray(atoms.mask, dtype=bool)  # (M, T)
     c = est.mapping.coefficients(atoms.log_ratio, mask, atoms.advantage_sign)
@@ -225,6 +226,20 @@ def exact_moments(env, behaviour, estimator, n: int) -> ExactMoments:
     )
     ess = ess / mean_length if mean_length > 0 else 0.0
     return ExactMoments(mean=first, variance=var_one / n, ess=ess)
+
+
+def oracle_baseline(env, mu, estimator) -> float:
+    """The exact baseline b of ``estimator``'s advantage A = R − b on ``env`` under μ = ``mu``.
+
+    ``oracle``: J(μ) (``env.J(mu)``: what group and batch means of μ-drawn rewards estimate,
+    so that E_μ[A] = 0); ``oracle_pi``: J(π) (``env.J()``); any other advantage: 0.
+    """
+    est = as_estimator(estimator)
+    if est.advantage == "oracle":
+        return float(env.J(mu))
+    if est.advantage == "oracle_pi":
+        return float(env.J())
+    return 0.0
 
 
 #: per-atom gradient vectors formed at once by :func:`_atom_score_norms_sq` (values)
@@ -270,8 +285,9 @@ def sample_gradients(env, batch, estimator) -> MonteCarloDraws:
     Raises ``ValueError`` naming the estimator if its mapping returns a non-finite coefficient.
     """
     est = as_estimator(estimator)
+    b = est.baseline(batch.J, batch.J_mu) if est.advantage in ORACLE_ADVANTAGES else None
     lam, c = est.token_weights(
-        batch.log_ratio, batch.mask, batch.rewards, batch.J, return_coefficients=True
+        batch.log_ratio, batch.mask, batch.rewards, b, return_coefficients=True
     )
     mask = np.asarray(batch.mask, dtype=bool)
     bad = int(np.count_nonzero(~np.isfinite(c[mask])))
@@ -440,7 +456,7 @@ def _why_not_exact(est: Estimator, env=None) -> str:
     reasons = []
     if est.mapping.batch_dependent:
         reasons.append(f"mapping {est.mapping.name!r} is batch dependent")
-    if est.advantage not in ("oracle", "raw"):
+    if est.advantage not in PER_SAMPLE_ADVANTAGES:
         reasons.append(f"advantage {est.advantage!r} couples the samples of a group")
     if env is not None:
         if est.aggregation == "token-mean" and not getattr(env, "fixed_length", True):
