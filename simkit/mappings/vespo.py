@@ -121,6 +121,16 @@ class VESPO(ScalarMapping):
             t = tmp[: stop - start]
             np.clip(log_ratio[start:stop], -cap, cap, out=t)
             np.add.reduce(t, axis=1, where=mask[start:stop], initial=0.0, out=log_w[start:stop])
+        return self._phi_of_log_w(log_w, mask, advantages)
+
+    def coefficients_from_log_w(self, log_w, mask, advantages) -> np.ndarray:
+        """c = φ(W) on every valid token from a given log W (N,) (clamped to the sequence
+        bounds here): the entry point of TRL's composition, which folds a token correction
+        into W (:mod:`simkit.composition`, mode ``trl_vespo``). ``mask`` (N, T), ``advantages``
+        (N,)."""
+        return self._phi_of_log_w(np.array(log_w, dtype=np.float64), mask, advantages)
+
+    def _phi_of_log_w(self, log_w, mask, advantages):
         np.clip(log_w, self.min_log_ratio_seq, self.max_log_ratio_seq, out=log_w)
         pos = positive_rows(advantages)
         k = np.where(pos, self.k_pos, self.k_neg)
