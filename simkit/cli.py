@@ -398,6 +398,7 @@ def _run_report(args) -> int:
 
 # --- parser ------------------------------------------------------------------------------------
 
+
 def _add_train(subparsers) -> None:
     # imported here: simkit.train.cli imports CLIError from this module
     from simkit.train.cli import register

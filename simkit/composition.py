@@ -41,9 +41,9 @@ from simkit.mappings import Mapping, get
 MODES = ("decoupled", "bypass", "trl_vespo")
 DENOMINATORS = ("valid", "kept")
 #: mappings whose loss is a surrogate through the ratio (not a detached weight): they cannot be
-#: a ``correction`` (same list as ``simkit.lm.losses.FORMS``; a test checks it)
+#: a ``correction`` (the surrogate forms of ``simkit.lm.losses.FORMS`` except ``is_token``, whose
+#: coefficient r_t is also the detached token IS weight; a test checks the list)
 SURROGATE_MAPPINGS = (
-    "is_token",
     "ppo_clip",
     "dual_clip",
     "dapo",
