@@ -99,9 +99,17 @@ class Mapping:
     def _coefficients(self, log_ratio, mask, advantages) -> np.ndarray:  # pragma: no cover
         raise NotImplementedError
 
+    #: fields left out of :attr:`hyperparameters` while they hold their default (options added
+    #: later, so that tables of the estimators that do not use them keep their columns)
+    quiet_defaults: ClassVar[tuple[str, ...]] = ()
+
     @property
     def hyperparameters(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in self.quiet_defaults or getattr(self, f.name) != f.default
+        }
 
     @property
     def label(self) -> str:

@@ -150,6 +150,7 @@ class DAPOClip(PPOClip):
     eps_high: float = 0.28
     c_dual: float = math.inf
     name = "dapo"
+    quiet_defaults = ("c_dual",)
     presets: ClassVar[dict[str, dict]] = {
         "paper": {"eps_low": 0.2, "eps_high": 0.28, "c_dual": math.inf},
         "verl": {"eps_low": 0.2, "eps_high": 0.28, "c_dual": 3.0, "max_log_ratio": 20.0},

@@ -137,6 +137,7 @@ class TokenTIS(ScalarMapping):
     max_log_ratio: float = DEFAULT_MAX_LOG_RATIO
     batch_normalize: bool = False
     name = "tis_token"
+    quiet_defaults = ("batch_normalize",)
     level = "token"
     ratio_kind = "token"
     presets: ClassVar[dict[str, dict]] = {
@@ -183,6 +184,7 @@ class SequenceTIS(ScalarMapping):
     max_log_ratio: float = DEFAULT_MAX_LOG_RATIO
     batch_normalize: bool = False
     name = "tis_seq"
+    quiet_defaults = ("batch_normalize",)
     level = "sequence"
     ratio_kind = "sequence"
 

@@ -97,6 +97,7 @@ class VESPO(ScalarMapping):
     max_log_ratio_seq: float = 20.0
     min_log_ratio_seq: float = -20.0
     name = "vespo"
+    quiet_defaults = ("min_log_ratio_seq",)
     level = "sequence"
     ratio_kind = "sequence"
 
