@@ -130,27 +130,57 @@ def legs(log_ratio, old_log_ratio) -> tuple[np.ndarray, np.ndarray]:
 def composed_coefficients(
     mapping, correction, mode, log_ratio, mask, advantages, old_log_ratio=None, rng=None
 ) -> np.ndarray:
-    """c of a composed estimator on one batch (N, T) (module docstring)."""
+    """c of a composed estimator on one batch (N, T) (module docstring): the two coefficient
+    arrays and one in-place multiply (``trl_vespo``: one log-space pass for both legs). Row
+    blocking brings nothing here: every mapping already runs its kernel over cache-sized
+    blocks (measured in ``benchmarks/bench_composition.py``)."""
+    lr = np.asarray(log_ratio, dtype=np.float64)
+    m = np.asarray(mask, dtype=bool)
+    adv = np.asarray(advantages, dtype=np.float64)
+    old = None if old_log_ratio is None else np.asarray(old_log_ratio, dtype=np.float64)
+    return _composed_block(mapping, correction, mode, lr, m, adv, old, rng)
+
+
+def _composed_block(mapping, correction, mode, lr, m, adv, old, rng) -> np.ndarray:
     if mode == "bypass":
-        c = call(mapping, log_ratio, mask, advantages, rng)
-        return c * call(correction, log_ratio, mask, advantages, rng)
-    stale, infer = legs(log_ratio, old_log_ratio)
+        c = call(mapping, lr, m, adv, rng)
+        c *= call(correction, lr, m, adv, rng)
+        return c
+    stale, infer = legs(lr, old)
     if mode == "decoupled":
-        c = call(mapping, stale, mask, advantages, rng)
-        return c * call(correction, infer, mask, advantages, rng)
-    return _trl_vespo(mapping, correction, stale, infer, mask, advantages)
+        c = call(mapping, stale, m, adv, rng)
+        c *= call(correction, infer, m, adv, rng)
+        return c
+    return _trl_vespo(mapping, correction, stale, infer, m, adv)
+
+
+def trl_log_weights(correction, infer: np.ndarray) -> np.ndarray:
+    """log w_t of TRL's token correction, clamped to [log 1e-8, 20], in log space.
+
+    ``token_truncate`` (tis_token): log clip(e^o, c_low, c_high) = clip(o, log c_low,
+    log c_high); ``token_mask`` (mis_token, icepop): o inside the band, else log 0 → log 1e-8.
+    Padding values are returned as they come (the caller masks them).
+    """
+    lo_c = math.log(correction.c_low) if correction.c_low > 0 else -math.inf
+    hi_c = math.log(correction.c_high) if math.isfinite(correction.c_high) else math.inf
+    if correction.name == "tis_token":
+        lo = max(lo_c, TRL_LOG_IS_LOW)
+        hi = min(hi_c, TRL_LOG_IS_HIGH, correction.max_log_ratio)
+        return np.clip(infer, lo, max(lo, hi))
+    out = np.clip(infer, TRL_LOG_IS_LOW, min(TRL_LOG_IS_HIGH, correction.max_log_ratio))
+    with np.errstate(invalid="ignore"):
+        outside = (infer < lo_c) | (infer > hi_c)
+    out[outside] = TRL_LOG_IS_LOW
+    return out
 
 
 def _trl_vespo(vespo, correction, stale, infer, mask, advantages) -> np.ndarray:
     """TRL's get_gamma_weights with the token correction folded into log W."""
-    m = np.asarray(mask, dtype=bool)
-    w = correction.coefficients(infer, m, advantages)
-    with np.errstate(divide="ignore"):
-        log_is = np.clip(np.log(w), TRL_LOG_IS_LOW, TRL_LOG_IS_HIGH)
     cap = vespo.max_log_ratio_tok
-    tok = np.clip(np.where(m, stale, 0.0), -cap, cap) + np.where(m, log_is, 0.0)
-    log_w = np.add.reduce(tok, axis=1, where=m, initial=0.0)
-    return vespo.coefficients_from_log_w(log_w, m, advantages)
+    tok = np.clip(stale, -cap, cap)
+    tok += trl_log_weights(correction, infer)
+    log_w = np.add.reduce(tok, axis=1, where=mask, initial=0.0)
+    return vespo.coefficients_from_log_w(log_w, mask, advantages)
 
 
 def kept_tokens(
