@@ -698,3 +698,21 @@ def test_clip_cov_takes_its_subset_from_the_numpy_generator():
         np.testing.assert_allclose(grads[-1], expected, rtol=RTOL, atol=1e-14)
     np.testing.assert_array_equal(grads[0], grads[1])
     assert not np.array_equal(grads[0], grads[2])
+
+
+def test_kl_cov_breaks_covariance_ties_by_position_like_numpy():
+    """Discrete log-probabilities (many equal covariances): the torch top-k and the numpy
+    top-k pick the same tokens (ties at the k-th value: first in row-major order)."""
+    rng = np.random.default_rng(24)
+    old = -rng.integers(1, 3, (40, 6)).astype(float)
+    lp = old + rng.choice([-0.5, 0.0, 0.5], (40, 6))
+    mask = np.ones(lp.shape, bool)
+    adv = rng.choice([-1.0, 1.0], 40)
+    m = mappings.get("kl_cov", ratio=0.1)
+    sel = m.selected(lp - old, mask, adv, log_prob=lp)
+    cov = mappings.covariance.token_covariance(adv, lp, mask)
+    kth = np.sort(cov.ravel())[::-1][sel.sum() - 1]
+    assert (cov == kth).sum() > 1  # the test has ties at the boundary
+    expected = -registry_coefficients(m, lp, old, mask, adv) * adv[:, None] / mask.sum()
+    _, grad, _ = torch_grad(m, lp, old, mask, adv)
+    np.testing.assert_allclose(grad.numpy(), expected, rtol=RTOL, atol=1e-14)

@@ -542,7 +542,8 @@ def _cov_ref(lr, mask, adv):
 
 def _clip_cov_ref(m, lr, mask, adv):
     """verl's compute_policy_loss_clip_cov (log π stood in by the log-ratio), per element; the
-    random subset is ``default_rng(0).permutation`` of the candidates in row-major order."""
+    random subset is ``default_rng(0).choice`` (without replacement) of the candidates in
+    row-major order."""
     cov, cells = _cov_ref(lr, mask, adv)
     c = np.zeros(lr.shape)
     cand = []
@@ -554,7 +555,7 @@ def _clip_cov_ref(m, lr, mask, adv):
             cand.append((i, t))
     if cand:
         num = max(int(m.ratio * len(cells)), 1)
-        for j in np.random.default_rng(0).permutation(len(cand))[:num]:
+        for j in np.random.default_rng(0).choice(len(cand), min(num, len(cand)), replace=False):
             c[cand[j]] = 0.0
     return c
 

@@ -132,6 +132,7 @@ import torch
 from simkit import mappings as _mappings
 from simkit.estimators import AGGREGATIONS
 from simkit.mappings.base import Mapping
+from simkit.mappings.covariance import draw_subset
 from simkit.mappings.truncation import BATCH_NORM_EPS
 
 SURROGATE = "surrogate"
@@ -745,9 +746,8 @@ def _clip_cov(m, b: _Batch) -> _Terms:
         detached = torch.zeros_like(b.mask)
         if idx.numel():
             n_valid = int(b.lengths.sum())
-            clip_num = max(int(m.ratio * n_valid), 1)
-            perm = _as_generator(b.rng).permutation(idx.numel())[:clip_num]
-            chosen = idx[torch.as_tensor(perm, device=idx.device)]
+            picks = draw_subset(b.rng, idx.numel(), max(int(m.ratio * n_valid), 1))
+            chosen = idx[torch.as_tensor(picks, device=idx.device)]
             detached = detached.reshape(-1).index_fill(0, chosen, True).reshape(b.mask.shape)
         keep = torch.logical_not(detached).view(torch.uint8).to(terms.tok.dtype)
     F = terms.tok * keep
@@ -767,8 +767,7 @@ def _kl_cov(m, b: _Batch) -> _Terms:
         selected = torch.zeros_like(b.mask)
         if valid.numel():
             k = max(1, int(valid.numel() * m.ratio))
-            order = torch.sort(cov.reshape(-1)[valid], descending=True, stable=True).indices
-            chosen = valid[order[:k]]
+            chosen = valid[_top_k_first(cov.reshape(-1)[valid], k)]
             selected = selected.reshape(-1).index_fill(0, chosen, True).reshape(b.mask.shape)
         sel = selected.view(torch.uint8).to(b.log_w.dtype)
     penalty = b.log_ratio.abs() * sel * m.kappa if m.kappa > 0 else None
@@ -780,16 +779,15 @@ def _kl_cov(m, b: _Batch) -> _Terms:
     )
 
 
-def _as_generator(rng):
-    import numpy as np
-
-    if rng is None:
-        return np.random.default_rng(0)
-    if isinstance(rng, np.random.Generator):
-        return rng
-    if isinstance(rng, int) and not isinstance(rng, bool):
-        return np.random.default_rng(rng)
-    raise TypeError(f"rng must be a numpy Generator, an int seed or None, got {type(rng).__name__}")
+def _top_k_first(values: torch.Tensor, k: int) -> torch.Tensor:
+    """Positions of the k largest ``values`` (1-D), ties at the k-th value first by position
+    (as :func:`simkit.mappings.covariance.top_k_first`): ``torch.topk`` for the k-th value,
+    then the strictly larger ones and the first ties."""
+    k = min(k, values.numel())
+    kth = torch.topk(values, k).values[-1]
+    above = torch.nonzero(values > kth).reshape(-1)
+    ties = torch.nonzero(values == kth).reshape(-1)[: k - above.numel()]
+    return torch.sort(torch.cat([above, ties])).values
 
 
 _KERNELS: dict[str, Callable[[Mapping, _Batch], _Terms]] = {

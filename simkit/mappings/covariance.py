@@ -72,31 +72,48 @@ def clip_cov_selection(cov, candidates, ratio: float, rng) -> np.ndarray:
     """Flat indices (row-major) of the tokens Clip-Cov detaches.
 
     verl: ``clip_num = max(int(ρ·#valid), 1)`` tokens drawn without replacement, uniformly,
-    among the candidates (row-major order of ``torch.nonzero``, permuted); here the
-    permutation is ``rng.permutation`` of the candidate list. ``cov`` is unused beyond the
-    candidate test done by the caller (kept for the signature's clarity).
+    among the candidates (row-major order of ``torch.nonzero``; verl permutes them with
+    ``torch.randperm``); here ``rng.choice(#candidates, min(clip_num, #candidates),
+    replace=False)`` picks the positions in the candidate list (the same law). ``cov`` (−inf on
+    padding) gives the number of valid tokens.
     """
     idx = np.flatnonzero(candidates)
     if idx.size == 0:
         return idx
     n_valid = int(np.count_nonzero(np.isfinite(cov)))
-    clip_num = max(int(ratio * n_valid), 1)
-    perm = _as_rng(rng).permutation(idx.size)
-    return idx[perm[: min(clip_num, idx.size)]]
+    return idx[draw_subset(rng, idx.size, max(int(ratio * n_valid), 1))]
+
+
+def draw_subset(rng, n: int, k: int) -> np.ndarray:
+    """min(k, n) distinct positions in [0, n), uniformly (``Generator.choice`` without
+    replacement): the one random draw of Clip-Cov, shared by the numpy and torch versions."""
+    return _as_rng(rng).choice(n, size=min(k, n), replace=False)
+
+
+def top_k_first(values: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the k largest ``values`` (1-D), ties at the k-th value broken by position
+    (first first), in O(n): a partition for the k-th largest, then the ties in order."""
+    n = values.size
+    k = min(k, n)
+    if k == 0:
+        return np.zeros(0, dtype=np.intp)
+    kth = np.partition(values, n - k)[n - k]
+    above = np.flatnonzero(values > kth)
+    ties = np.flatnonzero(values == kth)[: k - above.size]
+    return np.sort(np.concatenate([above, ties]))
 
 
 def kl_cov_selection(cov, mask, ratio: float) -> np.ndarray:
     """Flat indices of the k = max(1, ⌊ρ·#valid⌋) valid tokens of largest covariance.
 
-    verl uses ``torch.topk``; ties here go to the first in row-major order (stable sort).
+    verl uses ``torch.topk``; ties at the k-th value here go to the first in row-major order
+    (:func:`top_k_first`).
     """
     valid = np.flatnonzero(mask)
     if valid.size == 0:
         return valid
     k = max(1, int(valid.size * ratio))
-    values = cov.reshape(-1)[valid]
-    order = np.argsort(-values, kind="stable")
-    return valid[order[:k]]
+    return valid[top_k_first(cov.reshape(-1)[valid], k)]
 
 
 def _check_ratio(owner, field: str = "ratio") -> None:
@@ -217,4 +234,12 @@ class KLCov(Mapping):
         return c
 
 
-__all__ = ["ClipCov", "KLCov", "clip_cov_selection", "kl_cov_selection", "token_covariance"]
+__all__ = [
+    "ClipCov",
+    "KLCov",
+    "clip_cov_selection",
+    "draw_subset",
+    "kl_cov_selection",
+    "token_covariance",
+    "top_k_first",
+]
