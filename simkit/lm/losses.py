@@ -674,7 +674,9 @@ def _kl_rs(m, b: _Batch) -> _Terms:
     """verl ``compute_rollout_rejection_mask`` (b178a3c): k2 = ½x², k3 = e^x − 1 − x of
     x = clamp(log r, ±cap), per token or summed / averaged / maximised over the row; AND."""
     with torch.no_grad():
-        x = torch.clamp(b.log_ratio.detach(), -m.max_log_ratio, m.max_log_ratio)
+        x = b.log_ratio.detach()
+        if b.lr_min < -m.max_log_ratio or b.lr_max > m.max_log_ratio:
+            x = torch.clamp(x, -m.max_log_ratio, m.max_log_ratio)
         terms = {}
         keep = b.mask.clone()
         row_ok = torch.ones_like(b.positive)
