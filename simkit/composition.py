@@ -104,11 +104,15 @@ def _available():
     return available()
 
 
-def call(mapping: Mapping, log_ratio, mask, advantages, rng=None) -> np.ndarray:
-    """``mapping.coefficients`` (2-D), with ``rng`` for a stochastic mapping."""
+def call(mapping: Mapping, log_ratio, mask, advantages, rng=None, log_prob=None) -> np.ndarray:
+    """``mapping.coefficients`` (2-D), with ``rng`` for a stochastic mapping and ``log_prob``
+    (log π, (N, T)) for one that reads it (clip_cov, kl_cov; None: they use the log-ratio)."""
+    kwargs = {}
     if mapping.stochastic:
-        return mapping.coefficients(log_ratio, mask, advantages, rng=rng)
-    return mapping.coefficients(log_ratio, mask, advantages)
+        kwargs["rng"] = rng
+    if mapping.uses_log_prob and log_prob is not None:
+        kwargs["log_prob"] = log_prob
+    return mapping.coefficients(log_ratio, mask, advantages, **kwargs)
 
 
 def legs(log_ratio, old_log_ratio) -> tuple[np.ndarray, np.ndarray]:
@@ -128,7 +132,15 @@ def legs(log_ratio, old_log_ratio) -> tuple[np.ndarray, np.ndarray]:
 
 
 def composed_coefficients(
-    mapping, correction, mode, log_ratio, mask, advantages, old_log_ratio=None, rng=None
+    mapping,
+    correction,
+    mode,
+    log_ratio,
+    mask,
+    advantages,
+    old_log_ratio=None,
+    rng=None,
+    log_prob=None,
 ) -> np.ndarray:
     """c of a composed estimator on one batch (N, T) (module docstring): the two coefficient
     arrays and one in-place multiply (``trl_vespo``: one log-space pass for both legs). Row
@@ -138,17 +150,17 @@ def composed_coefficients(
     m = np.asarray(mask, dtype=bool)
     adv = np.asarray(advantages, dtype=np.float64)
     old = None if old_log_ratio is None else np.asarray(old_log_ratio, dtype=np.float64)
-    return _composed_block(mapping, correction, mode, lr, m, adv, old, rng)
+    return _composed_block(mapping, correction, mode, lr, m, adv, old, rng, log_prob)
 
 
-def _composed_block(mapping, correction, mode, lr, m, adv, old, rng) -> np.ndarray:
+def _composed_block(mapping, correction, mode, lr, m, adv, old, rng, log_prob) -> np.ndarray:
     if mode == "bypass":
-        c = call(mapping, lr, m, adv, rng)
+        c = call(mapping, lr, m, adv, rng, log_prob)
         c *= call(correction, lr, m, adv, rng)
         return c
     stale, infer = legs(lr, old)
     if mode == "decoupled":
-        c = call(mapping, stale, m, adv, rng)
+        c = call(mapping, stale, m, adv, rng, log_prob)
         c *= call(correction, infer, m, adv, rng)
         return c
     return _trl_vespo(mapping, correction, stale, infer, m, adv)

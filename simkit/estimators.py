@@ -400,21 +400,25 @@ class Estimator:
         )
         return self.aggregation_weights(kept.reshape(m.shape))
 
-    def _coefficients_2d(self, lr, m, adv, old, rng) -> np.ndarray:
+    def _coefficients_2d(self, lr, m, adv, old, rng, log_prob=None) -> np.ndarray:
         if self.correction is None:
-            return composition.call(self.mapping, lr, m, adv, rng)
+            return composition.call(self.mapping, lr, m, adv, rng, log_prob)
         return composition.composed_coefficients(
-            self.mapping, self.correction, self.mode, lr, m, adv, old, rng
+            self.mapping, self.correction, self.mode, lr, m, adv, old, rng, log_prob
         )
 
-    def coefficients(self, log_ratio, mask, advantages, old_log_ratio=None, rng=None):
+    def coefficients(
+        self, log_ratio, mask, advantages, old_log_ratio=None, rng=None, log_prob=None
+    ):
         """The coefficients c (L..., N, T), with leading batch axes.
 
         Each leading index is one batch. A mapping that is not batch dependent sees all the
         batches at once (its rows are independent); a batch-dependent one is called per batch.
         ``old_log_ratio`` (L..., N, T) = log π_old − log μ (None: π_old = π) feeds a
         ``correction`` (:mod:`simkit.composition`; ignored without one). ``rng``: the Generator
-        of a stochastic mapping (default ``default_rng(seed)``, one per call).
+        of a stochastic mapping (default ``default_rng(seed)``, one per call). ``log_prob``
+        (L..., N, T) = log π, for mappings that read it (clip_cov, kl_cov; without it they use
+        the log-ratio, see :mod:`simkit.mappings.covariance`).
         """
         stochastic = self.mapping.stochastic or (
             self.correction is not None and self.correction.stochastic
@@ -437,6 +441,11 @@ class Estimator:
             )
         N, T = lr.shape[-2:]
         lead = lr.shape[:-2]
+        lp = None if log_prob is None else np.asarray(log_prob, dtype=np.float64)
+        if lp is not None and lp.shape != lr.shape:
+            raise ValueError(
+                f"log_prob must have the shape of log_ratio {lr.shape}, got {lp.shape}"
+            )
         old = None
         if old_log_ratio is not None:
             old = np.asarray(old_log_ratio, dtype=np.float64)
@@ -445,20 +454,27 @@ class Estimator:
                     f"old_log_ratio must have the shape of log_ratio {lr.shape}, got {old.shape}"
                 )
         if not lead:
-            return self._coefficients_2d(lr, m, adv, old, rng)
+            return self._coefficients_2d(lr, m, adv, old, rng, lp)
         if not self.batch_dependent:
             flat_old = None if old is None else old.reshape(-1, T)
+            flat_lp = None if lp is None else lp.reshape(-1, T)
             c = self._coefficients_2d(
-                lr.reshape(-1, T), m.reshape(-1, T), adv.reshape(-1), flat_old, rng
+                lr.reshape(-1, T), m.reshape(-1, T), adv.reshape(-1), flat_old, rng, flat_lp
             )
             return c.reshape(lr.shape)
         B = int(np.prod(lead))
         lr_b, m_b, adv_b = lr.reshape(B, N, T), m.reshape(B, N, T), adv.reshape(B, N)
         old_b = None if old is None else old.reshape(B, N, T)
+        lp_b = None if lp is None else lp.reshape(B, N, T)
         c = np.stack(
             [
                 self._coefficients_2d(
-                    lr_b[b], m_b[b], adv_b[b], None if old_b is None else old_b[b], rng
+                    lr_b[b],
+                    m_b[b],
+                    adv_b[b],
+                    None if old_b is None else old_b[b],
+                    rng,
+                    None if lp_b is None else lp_b[b],
                 )
                 for b in range(B)
             ]
