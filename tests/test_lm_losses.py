@@ -31,7 +31,11 @@ EXTRA_VARIANTS = {
         {"eps_high": 1.0, "max_log_ratio": 0.1},
     ],
     "dual_clip": [{"c_dual": math.inf}, {"c_dual": 1.5, "max_log_ratio": 0.2}],
-    "gspo": [{"eps_low": math.inf, "eps_high": math.inf}, {"max_log_ratio": 0.05}],
+    "gspo": [
+        {"eps_low": math.inf, "eps_high": math.inf},
+        {"max_log_ratio": 0.05},
+        {"eps_low": 0.5, "eps_high": 0.5, "grad_log_cap": 0.05},
+    ],
     "gmpo": [{"eps_low": 0.1, "eps_high": 0.2}, {"eps_low": math.inf, "eps_high": math.inf}],
     "sapo": [{"tau_pos": 0.5, "tau_neg": 3.0}, {"max_log_ratio": 0.5}],
     "luffy": [{"gamma": 1.0}, {"max_log_ratio": 0.5}],

@@ -477,7 +477,8 @@ def _gspo(m, b: _Batch) -> _Terms:
     ``compute_policy_loss_gspo``, TRL's importance_sampling_level="sequence")."""
     log_s = torch.clamp(b.log_s, max=m.max_log_ratio)
     lo = b.per_row(-math.inf, _log(1.0 - m.eps_low))
-    hi = b.per_row(math.log1p(m.eps_high), math.inf)
+    cap = m.grad_log_cap  # verl's clamp(log s, max=10): zero gradient above (preset "verl")
+    hi = b.per_row(min(math.log1p(m.eps_high), cap), cap)
     in_band = (b.log_s >= lo) & (b.log_s <= hi)
     # outside the band F is the clipped value (constant); 1 − ε_low <= 0 never clips
     bound = b.per_row(1.0 + m.eps_high, max(1.0 - m.eps_low, 1e-30))
