@@ -20,14 +20,15 @@ Layout of a sweep directory ``out_dir``::
     .lock                held (``flock``) by the running sweep: two sweeps cannot share a dir
 
 The lock is taken *before* ``config.toml`` is checked or written, so two sweeps started
-together on a new directory cannot both pass the check: the second one waits for nothing and
-fails with "in use", or (once the first is done) is checked against the config it wrote.
+together on a new directory cannot both pass the check: the second one fails with "in use"
+(it does not wait), or, once the first is done, is checked against the config it wrote.
 
 Re-running a sweep skips the cells that have an intact shard and retries the others (failed or
 never run). Every shard it would skip is verified first (:func:`verify_shard`: parquet footer
 readable, its ``cell`` column equal to the key, at least one row); a damaged one (truncated,
-zeroed by a careless disk) is deleted and recomputed, and the summary names it. Shards are written by the driver process (workers return tables), so a worker never
-touches the directory and a real cluster needs no shared filesystem.
+zeroed by a careless disk) is deleted and recomputed, and the summary names it. Shards are
+written by the driver process (workers return tables), so a worker never touches the directory
+and a real cluster needs no shared filesystem.
 
 :func:`run_sweep` runs a sweep, :func:`load_results` reads its table (sorted in expansion order,
 identical for every backend), :func:`load_failures` the cells whose last attempt failed and
@@ -42,9 +43,9 @@ import json
 import math
 import os
 import socket
+import sys
 import time
 import traceback as _traceback
-import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -108,9 +109,8 @@ class SweepSummary:
             f"{self.failed} failed in {self.seconds:.1f} s -> {self.out_dir}"
         )
         if self.damaged:
-            text += (
-                f"; {len(self.damaged)} damaged shard(s) found and recomputed: "
-                + ", ".join(self.damaged)
+            text += f"; {len(self.damaged)} damaged shard(s) found and recomputed: " + ", ".join(
+                self.damaged
             )
         if self.failed:
             text += f" (tracebacks in {self.out_dir / FAILURES_FILE}; re-run to retry)"
@@ -561,8 +561,7 @@ def run_sweep(
         done, damaged = _check_shards(out_dir, keys)
         if damaged and progress:
             print(
-                f"sweep: {len(damaged)} damaged shard(s) will be recomputed: "
-                + ", ".join(damaged),
+                f"sweep: {len(damaged)} damaged shard(s) will be recomputed: " + ", ".join(damaged),
                 file=sys.stderr,
             )
         todo = [c for c in cells if c.key not in done]
