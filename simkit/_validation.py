@@ -37,8 +37,12 @@ def as_real(x, name: str) -> np.ndarray:
         ) from None
 
 
-def check_seed(seed, name: str = "seed") -> int:
-    """``seed`` as a Python int; ``ValueError`` naming ``name`` unless a non-negative integer."""
+def check_seed(seed, name: str = "seed"):
+    """``seed`` checked before numpy sees it: a non-negative int (returned as a Python int);
+    None, a ``SeedSequence`` or a ``Generator`` pass through unchanged. ``ValueError`` naming
+    ``name`` otherwise (numpy's own message, "expected non-negative integer", names nothing)."""
+    if seed is None or isinstance(seed, np.random.SeedSequence | np.random.Generator):
+        return seed
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise ValueError(f"{name} must be a non-negative integer, got {seed!r}")
     return int(seed)
