@@ -103,3 +103,20 @@ def name_list(names) -> str:
     if not names:
         return "none"
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+#: the advantage of each estimator kind, as a formula for a sentence (simkit.estimators)
+ADVANTAGE_TEXT = {
+    "oracle": "A = R − J(μ), exact baseline of the behaviour",
+    "oracle_pi": "A = R − J(π)",
+    "grpo": "group-normalised",
+    "dr_grpo": "group mean subtracted",
+    "rloo": "leave-one-out baseline",
+    "raw": "A = R",
+}
+
+
+def advantage_text(kind: str) -> str:
+    """``'oracle' (A = R − J(μ), …)``: the advantage name with its formula."""
+    formula = ADVANTAGE_TEXT.get(kind)
+    return f"'{kind}' ({formula})" if formula else f"'{kind}'"

@@ -10,8 +10,9 @@ are Monte Carlo with bootstrap confidence bounds, drawn as error bars.
 Drawn as small multiples: one column per family (:data:`simkit.figures._claims.PANELS`:
 classic IS; clipping; truncation and masking; smooth gates and VESPO), one row per metric, with
 naive and sequence IS as references in every panel. A bias that is exactly 0 (to rounding: at
-most 1e-9 of the largest bias, exact rows only) is a hollow marker on the floor line, never a
-line segment falling to it.
+most 1e-9 of the largest bias, exact rows only) is a filled marker on the floor line, never a
+line segment falling to it; unreliable Monte Carlo rows (column ``reliable``, where present)
+are hollow (:func:`simkit.figures._common.mark_unreliable`).
 
 ``zero_fraction`` (exact, per-sample mappings; NaN for batch-dependent ones): the μ-probability
 of a draw (arm, sign of A) whose coefficient is 0 — for PPO-style clipping the clip fraction.
@@ -34,7 +35,7 @@ import pandas as pd
 from simkit import experiment, mappings, shifts
 from simkit.envs import Bandit
 from simkit.estimators import Estimator
-from simkit.figures import _claims, style
+from simkit.figures import _claims, _common, style
 from simkit.figures.staleness_curves import split_figure
 
 NAME = "bandit_bias_variance"
@@ -183,7 +184,8 @@ def notes(data: pd.DataFrame) -> tuple[str, ...]:
         f"Setting: {int(row.arms)}-armed Bernoulli bandit (seeded), μ = {row.shift_family} "
         f"shift of π dialed to χ²(π‖μ) from {data.chi2_tok.min():.3g} to "
         f"{data.chi2_tok.max():.3g} ({data.target_chi2.nunique()} points); n = {int(row.n)} "
-        f"draws per estimate, advantage '{row.advantage}', default hyperparameters; exact rows "
+        f"draws per estimate, advantage {_claims.advantage_text(row.advantage)}, default "
+        "hyperparameters; exact rows "
         "for per-sample mappings, Monte Carlo (95 % bootstrap bounds) for batch-dependent ones."
     ]
     zero = exact_zero_bias(data)
@@ -197,7 +199,12 @@ def notes(data: pd.DataFrame) -> tuple[str, ...]:
             chi = data.chi2_tok[(data.mapping == n) & zero]
             parts.append(f"{n} (χ² ≤ {chi.max():.3g})" if len(chi) else n)
         text += f"; at some χ² only: {', '.join(parts)}"
-    lines.append(text + " (drawn as hollow markers on the floor line).")
+    lines.append(text + " (drawn as markers on the floor line).")
+    if "reliable" in data:
+        flags = data.reliable[~data.exact.astype(bool)]
+        bad = int((flags.notna() & (flags == False)).sum())  # noqa: E712 (object column)
+        if bad:
+            lines.append(f"{bad} Monte Carlo rows: {_common.UNRELIABLE_NOTE}.")
     gspo = data[data.mapping == "gspo"]
     if len(gspo) and gspo.outside_clip_range.notna().all():
         lo, hi = float(gspo.outside_clip_range.min()), float(gspo.outside_clip_range.max())
@@ -250,17 +257,25 @@ def _draw_series(ax, part: pd.DataFrame, name: str, metric: str, floor: float, z
             elinewidth=0.6,
             **kw,
         )
+        if "reliable" in part:
+            _common.mark_unreliable(
+                ax,
+                x,
+                line,
+                part.reliable.to_numpy(),
+                color=style.color(name),
+                marker=style.marker(name),
+            )
     else:
         ax.plot(x, line, **kw)
-    if zero.any():
+    if zero.any():  # filled (hollow markers mean "unreliable Monte Carlo" in every figure)
         ax.plot(
             x[zero],
             np.full(int(zero.sum()), floor),
             linestyle="none",
             marker=style.marker(name),
             markersize=4,
-            markerfacecolor="white",
-            markeredgecolor=style.color(name),
+            color=style.color(name),
             clip_on=False,
             zorder=4,
         )

@@ -179,7 +179,8 @@ def notes(data: pd.DataFrame) -> tuple[str, ...]:
         f"Setting: TokenMDP.iid, T = {int(row['T'])}, KL(π‖μ) = {row.kl_tok:.3g} per token at "
         f"every position, χ²(π‖μ) per token from {lo:.3g} to {hi:.3g} (shifts.dial_pair, "
         f"{data.target_chi2.nunique()} points); n = {int(row.n)} sequences per estimate, "
-        f"advantage '{row.advantage}', aggregation '{row.aggregation}'; exact (every sequence "
+        f"advantage {_claims.advantage_text(row.advantage)}, aggregation "
+        f"'{row.aggregation}'; exact (every sequence "
         "enumerated). 'Grows': last/first ≥ "
         f"{GROWTH_FACTOR:g}; 'unbounded': |c(w)| → ∞ as the ratio w → ∞ for one sign of A."
     ]
