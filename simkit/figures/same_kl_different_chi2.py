@@ -2,7 +2,7 @@
 
 KL ≤ log(1+χ²) (Jensen; reference sheet §F) goes one way only: at a fixed per-token
 KL(π‖μ), χ²(π‖μ) can be anything above e^KL − 1 (heavy-tailed ratios on rare tokens), and
-the variance of importance-weighted gradients follows χ², not KL (E_μ[W²] = Π_t (1+χ²_t)).
+the variance of sequence IS follows χ², not KL (E_μ[W²] = Π_t (1+χ²_t)).
 
 Setting: a token MDP of i.i.d. tokens (``TokenMDP.iid``: R = 1 iff the answer token appears),
 π with seeded peaky logits (a rare token makes large χ² reachable), and at every position
@@ -38,13 +38,13 @@ from simkit.figures import _claims, _common, style
 from simkit.figures.staleness_curves import split_figure
 
 NAME = "same_kl_different_chi2"
-TITLE = "Same KL, different χ²: variance follows χ²"
+TITLE = "Same KL, different χ²: which variances follow χ²"
 CAPTION = (
     "every per-sample mapping on a token MDP of T i.i.d. tokens whose behaviour μ has, at "
     "every position, the same KL(π‖μ) and a χ²(π‖μ) swept over three decades (shifts.dial_pair), "
     "in small multiples by family with naive and sequence IS as references in every panel: "
-    "exact gradient variance and MSE (n samples). Which estimators grow with χ² at constant KL — "
-    "and that those are the ones with unbounded coefficients — is stated in the notes under the "
+    "exact gradient variance and MSE (n samples). Which estimators grow with χ² at constant KL, "
+    "and whether each of them has an unbounded coefficient, is stated in the notes under the "
     "panels, computed from the data."
 )
 
