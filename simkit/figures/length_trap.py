@@ -558,7 +558,6 @@ def draw(data: Data):
                     fmt=st["marker"],
                     color=st["color"],
                     markersize=3.2,
-                    markerfacecolor="white",
                     capsize=1.5,
                     elinewidth=0.7,
                 )
@@ -597,7 +596,6 @@ def draw(data: Data):
         [],
         "o",
         color="0.4",
-        markerfacecolor="white",
         markersize=3.2,
         label=f"Monte Carlo, n = {cfg.n_mc} (±2 SE)",
     )
