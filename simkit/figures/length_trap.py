@@ -70,7 +70,7 @@ CAPTION = (
     "measured numbers are in the notes under the panels."
 )
 
-#: the three masks: id -> (registered mapping, which hyperparameters come from the config)
+#: the three masks (ids of the ``mask`` column; :func:`mask_mappings` builds their mappings)
 MASKS = ("mis_seq_one_sided", "mis_seq_two_sided", "geo_mask")
 MEASURES = ("mu_samples", "pi_mass")
 #: the default T grid: 53 log-spaced lengths 1…8192 and the reported ones

@@ -246,7 +246,7 @@ def draw(data: pd.DataFrame):
                     marker=style.marker(name),
                     markersize=3.2,
                     markerfacecolor=style.color(name) if unb else "white",
-                    markevery=(k % 2, 2),  # members alternate markers: coinciding curves show
+                    markevery=(k % 3, 3),  # members stagger markers: coinciding curves show
                     **style.line_kwargs(
                         name, linewidth=1.2, label=f"{name}{' (unbounded c)' if unb else ''}"
                     ),
