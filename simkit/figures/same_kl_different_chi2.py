@@ -245,7 +245,6 @@ def draw(data: pd.DataFrame):
                     _common.finite_positive(part[metric]),
                     marker=style.marker(name),
                     markersize=3.2,
-                    markerfacecolor=style.color(name) if unb else "white",
                     markevery=(k % 3, 3),  # members stagger markers: coinciding curves show
                     **style.line_kwargs(
                         name, linewidth=1.2, label=f"{name}{' (unbounded c)' if unb else ''}"
