@@ -97,6 +97,8 @@ def test_length_trap_mu_samples_obey_markov_at_every_T(overrides):
     pi = k[(k["mask"] == "mis_seq_one_sided") & (k.measure == "pi_mass") & (k.method == "exact")]
     longest = pi["T"].max()
     assert pi[pi["T"] == longest].fraction.iloc[0] < exact[exact["T"] == longest].fraction.iloc[0]
+    # the bound is not vacuous: under π (no E[W] = 1), the same mask falls below the floor
+    assert pi[pi["T"] == longest].fraction.iloc[0] < floor
 
 
 def test_length_trap_pi_mass_equals_enumeration():
