@@ -19,6 +19,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from simkit.cli_errors import CLIError
+
 __all__ = ["register", "run"]
 
 #: options of the single-run form, with their defaults (a config file excludes them)
@@ -221,8 +223,6 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def _error(message: str):
-    from simkit.cli import CLIError
-
     raise CLIError(message)
 
 
