@@ -83,6 +83,11 @@ def check_output_file(path, name: str = "--out") -> Path:
         raise ValueError(f"{name} {path} is a directory, expected a file name")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.exists():
+        above = parent
+        while not above.exists() and above.parent != above:
+            above = above.parent
+        if above.exists() and not above.is_dir():
+            raise ValueError(f"{name} {path}: {above} is a file, not a directory")
         raise ValueError(f"{name} {path}: directory {parent} does not exist")
     if not parent.is_dir():
         raise ValueError(f"{name} {path}: {parent} is not a directory")
