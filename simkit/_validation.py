@@ -158,7 +158,9 @@ def check_batch(log_ratio, mask, advantages):
             f"advantages must have shape (N,) = ({lr.shape[0]},), got shape {adv.shape}"
         )
     # fast path: a finite sum means every entry is finite (NaN and ±inf propagate)
-    if not np.isfinite(np.sum(lr)):
+    with np.errstate(invalid="ignore", over="ignore"):
+        lr_sum, adv_sum = np.sum(lr), np.sum(adv)
+    if not np.isfinite(lr_sum):
         bad = m & ~np.isfinite(lr)
         if bad.any():
             i, t = _first_bad(bad)
@@ -167,7 +169,7 @@ def check_batch(log_ratio, mask, advantages):
                 "log-ratios of valid tokens must be finite (padding may hold anything)"
             )
         lr = np.where(m, lr, 0.0)
-    if not np.isfinite(np.sum(adv)):
+    if not np.isfinite(adv_sum):
         bad = ~np.isfinite(adv) & m.any(axis=1)
         if bad.any():
             (i,) = _first_bad(bad)
