@@ -227,9 +227,9 @@ def _error(message: str):
 
 
 #: integer options of the single-run form and their smallest value (checked before any work,
-#: so that the message names the option typed, not an internal field)
+#: so that the message names the option typed, not an internal field; --V is checked, and
+#: named, by the environment's config)
 INT_OPTIONS = {
-    "V": 2,
     "T": 1,
     "env_seed": 0,
     "group_size": 1,
