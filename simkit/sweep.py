@@ -336,6 +336,29 @@ def _as_config(config_or_path):
     return config_or_path, None
 
 
+def _check_memory(cells, config_or_path) -> None:
+    """Refuse, before any cell runs, Monte Carlo batches that cannot fit (:mod:`simkit._memory`).
+
+    Each experiment cell draws its reps × n × T batch at once; a training cell's batches are
+    small (one rollout) and are not checked here.
+    """
+    from simkit._memory import MemoryLimitError, check_samples
+
+    where = f"{config_or_path}: " if isinstance(config_or_path, str | os.PathLike) else ""
+    sizes = {}
+    for cell in cells:
+        p = cell.params
+        if "reps" in p and "n" in p:
+            T = int(p.get("environment", {}).get("T", 1))
+            sizes.setdefault(int(p["reps"]) * int(p["n"]) * T, (int(p["reps"]), int(p["n"]), T))
+    if sizes:
+        reps, n, T = sizes[max(sizes)]
+        try:
+            check_samples(reps, n, T)
+        except MemoryLimitError as err:
+            raise SweepError(f"{where}{err} (in the config: reps, n or T)") from None
+
+
 def _canonical(config) -> str:
     return json.dumps(config.to_dict(), sort_keys=True, separators=(",", ":"))
 
@@ -546,6 +569,7 @@ def run_sweep(
     _check_out_dir(out_dir)
     config, source = _as_config(config_or_path)
     cells = _config.expand(config)
+    _check_memory(cells, config_or_path)
     keys = [c.key for c in cells]
     if len(set(keys)) != len(keys):  # pragma: no cover - expand() guarantees distinct keys
         raise SweepError("the expansion has repeated cell keys; the config repeats a setting")
@@ -764,6 +788,7 @@ def run_config(
     check_backend(backend, workers)
     config, _ = _as_config(config_or_path)
     cells = _config.expand(config)
+    _check_memory(cells, config_or_path)
     from tqdm.auto import tqdm
 
     tables: dict[str, pd.DataFrame] = {}

@@ -19,6 +19,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from simkit.cli_errors import CLIError
+
 __all__ = ["register", "run"]
 
 #: options of the single-run form, with their defaults (a config file excludes them)
@@ -221,15 +223,13 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def _error(message: str):
-    from simkit.cli import CLIError
-
     raise CLIError(message)
 
 
 #: integer options of the single-run form and their smallest value (checked before any work,
-#: so that the message names the option typed, not an internal field)
+#: so that the message names the option typed, not an internal field; --V is checked, and
+#: named, by the environment's config)
 INT_OPTIONS = {
-    "V": 2,
     "T": 1,
     "env_seed": 0,
     "group_size": 1,
