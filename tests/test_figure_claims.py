@@ -250,3 +250,27 @@ def test_frontier_notes_follow_the_data():
     assert (
         "vespo at λ scale = 2 (MSE 0, an end of the sweep)" in bias_variance_frontier.notes(best)[2]
     )
+
+
+def test_bandit_unreliable_rows_are_hollow_and_noted(bandit):
+    """Where Monte Carlo rows carry ``reliable`` = False, the notes say so and the draw marks
+    them hollow (``_common.mark_unreliable``)."""
+    from simkit.figures import _common, style
+
+    data = bandit.copy()
+    data["reliable"] = np.where(data.exact, None, False)
+    notes = bandit_bias_variance.notes(data)
+    mc_rows = int((~data.exact.astype(bool)).sum())
+    assert any(n.startswith(f"{mc_rows} Monte Carlo rows") for n in notes)
+    data.attrs["notes"] = notes
+    with style.context():
+        fig = bandit_bias_variance.draw(data)
+    hollow = [
+        line
+        for ax in fig.axes
+        for line in ax.get_lines()
+        if line.get_linestyle() == "None" and line.get_markerfacecolor() == "white"
+    ]
+    assert hollow
+    assert not any(n.startswith("Monte Carlo rows") for n in bandit.attrs["notes"])
+    assert any(_common.UNRELIABLE_NOTE in n for n in notes)
