@@ -234,7 +234,7 @@ def draw(data: Data):
     ax_b.set_xlabel(r"$\chi^2(\pi\,\|\,\mu)$ (KL held fixed)")
     ax_b.xaxis.set_minor_formatter(NullFormatter())
     ax_b.set_ylabel(UNITS_LABEL)
-    ax_b.set_title(r"two-parameter shift: same KL, growing $\chi^2$")
+    ax_b.set_title(r"tilt shift: same KL, growing $\chi^2$")
     ax_b.legend(loc="upper left")
     _common.panel_label(ax_b, "b")
     fig.suptitle(
