@@ -19,8 +19,6 @@ import numpy as np
 
 from simkit.estimator_specs import estimator_params, plain
 
-from .schema import BanditConfig
-
 __all__ = ["KEY_LENGTH", "Cell", "canonical_json", "cell_key", "cell_seed", "expand"]
 
 #: hex characters of a cell key (64 bits of sha256)
@@ -99,7 +97,7 @@ def experiment_cells(config) -> list[Cell]:
     """
     ests = [estimator_params(e) for ec in config.estimators for e in ec.build()]
     env_cfg = config.environment
-    env_label = "bandit" if isinstance(env_cfg, BanditConfig) else env_cfg.constructor
+    env_label = "bandit" if env_cfg.kind == "bandit" else env_cfg.constructor
     cells = []
     for T in env_cfg.lengths:
         for target in config.behaviour.targets:

@@ -13,8 +13,7 @@ import importlib
 
 import numpy as np
 
-from simkit import experiment, shifts
-from simkit.envs import Bandit
+from simkit import experiment
 from simkit.estimator_specs import build_estimators
 
 from .schema import BanditConfig, BehaviourConfig, TokenMDPConfig
@@ -42,13 +41,7 @@ def build_behaviour(env, spec: dict) -> np.ndarray:
     """μ of a cell's ``params["behaviour"]`` for ``env`` (dialed; ValueError if unreachable)."""
     spec = dict(spec)
     target = float(spec.pop("target"))
-    family_params = dict(spec.pop("family_params", {}))
-    if isinstance(env, Bandit):
-        return shifts.dial(
-            env.pi, target, divergence=spec["divergence"], family=spec["family"], **family_params
-        )
-    b = BehaviourConfig(targets=(target,), family_params=family_params, **spec)
-    return b.spec(target).build(env)
+    return BehaviourConfig(targets=(target,), **spec).build(env, target)
 
 
 def _runner(kind: str):

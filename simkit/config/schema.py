@@ -40,6 +40,7 @@ from simkit.envs.bandit import REWARD_KINDS
 from simkit.envs.behaviour import AGGREGATES, LEVELS, BehaviourSpec
 from simkit.estimator_specs import plain
 
+from .cells import experiment_cells
 from .errors import ConfigError, KeyPathError, config_error
 
 __all__ = [
@@ -397,6 +398,19 @@ class BehaviourConfig(Frozen):
             family_params=self.family_params,
         )
 
+    def build(self, env, target: float) -> np.ndarray:
+        """μ for ``env`` at one target: :func:`simkit.shifts.dial` of the bandit's π, or the
+        :class:`~simkit.envs.BehaviourSpec` built on a token MDP (ValueError if unreachable)."""
+        if isinstance(env, Bandit):
+            return shifts.dial(
+                env.pi,
+                float(target),
+                divergence=self.divergence,
+                family=self.family,
+                **dict(self.family_params),
+            )
+        return self.spec(target).build(env)
+
     def params(self, target: float) -> dict:
         """Plain dict of the behaviour at one target (cell parameters)."""
         d = self.to_dict()
@@ -627,15 +641,13 @@ class SweepConfig(Frozen):
         """
         from simkit import experiment
 
-        from .run import build_behaviour
-
         ests = [e for ec in self.estimators for e in ec.build()]
         lengths = self.environment.lengths
         for T in lengths:
             env = self.environment.build(T)
             for target in self.behaviour.targets:
                 try:
-                    build_behaviour(env, self.behaviour.params(target))
+                    self.behaviour.build(env, target)
                 except ValueError as exc:
                     at = f"behaviour.targets (T = {T})" if len(lengths) > 1 else "behaviour.targets"
                     raise ConfigError(f"{at}: {exc}") from None
@@ -650,8 +662,6 @@ class SweepConfig(Frozen):
 
     def cells(self):
         """The cells of this sweep (:func:`simkit.config.expand`)."""
-        from .cells import experiment_cells
-
         return experiment_cells(self)
 
     def toml_tables(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
