@@ -222,22 +222,7 @@ def _draw_panel(ax, part, metric, scale, x_col, styles, floor) -> None:
         ax.set_xticks(range(len(categories)), [_fmt(v) for v in categories])
     ax.set_yscale(scale)
     if floor is not None:
-        _mark_floor(ax, floor)
-
-
-def _mark_floor(ax, floor: float) -> None:
-    ax.axhline(floor, color="0.5", linewidth=0.6, linestyle=":")
-    ax.annotate(
-        "0",
-        (1.0, floor),
-        xycoords=("axes fraction", "data"),
-        xytext=(-2, 2),
-        textcoords="offset points",
-        ha="right",
-        va="bottom",
-        fontsize=7,
-        color="0.35",
-    )
+        _common.mark_floor(ax, floor, "0")
 
 
 def _bar_figure(table, metric, label, scale, styles, floor):
@@ -252,7 +237,7 @@ def _bar_figure(table, metric, label, scale, styles, floor):
     ax.set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=6.5)
     ax.set_yscale(scale)
     if floor is not None:
-        _mark_floor(ax, floor)
+        _common.mark_floor(ax, floor, "0")
     ax.set_ylabel(label)
     fig.suptitle(f"{metric} per estimator")
     return fig
