@@ -28,8 +28,11 @@ moments E[A·1{atom}] and E[A²·1{atom}] (closed forms for Bernoulli and Gaussi
 E ĝ = n·κ·E g and Var ĝ = n·κ²·(E‖g‖² − ‖E g‖²): no sampling error at all. On the token MDP
 (T > 1) an atom is a whole sequence (its reward is deterministic) and Z may be per sequence
 (seq-mean-token-mean: Z_i = n·|y_i|); only ``token-mean`` with varying lengths (EOS) has a
-random Z shared by the batch and goes to Monte Carlo, as does an environment with more
-sequences than its enumeration budget (:func:`has_exact_path`). ``ess`` is exact
+random Z shared by the batch and goes to Monte Carlo. Beyond the enumeration budget a token
+MDP keeps an exact path for untied parameters by dynamic programming
+(:mod:`simkit.envs.token_moments`: mean and variance of every token-level mapping and of the
+product-form sequence mappings ``is_seq`` and ``power``, W²-weighted forward/backward sweeps,
+any T); other estimators there go to Monte Carlo (:func:`has_exact_path`). ``ess`` is exact
 too; ``khat`` has no closed form and is always estimated from draws.
 
 **Monte Carlo** (everything else, or ``exact=False``): ``reps`` independent batches of n draws
@@ -69,6 +72,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from simkit.envs.token_moments import dp_applies
+from simkit.envs.token_moments import moments as dp_moments
 from simkit.estimators import ORACLE_ADVANTAGES, PER_SAMPLE_ADVANTAGES, Estimator, as_estimator
 from simkit.mappings.psis import psis_khat
 
@@ -204,12 +209,14 @@ def exact_moments(env, behaviour, estimator, n: int, params: str = "untied") -> 
     """
     est = as_estimator(estimator)
     params = _check_params(params)
-    why = _why_not_exact(est, env)
+    why = _why_not_exact(est, env, params)
     if why:
         kind = "is not per-sample" if not est.per_sample else "has no exact path"
         raise ValueError(f"estimator {est.name!r} {kind}: {why}")
     est.check_batch_size(n)
     mu = env.check_policy(behaviour, "behaviour")
+    if not _enumerable(env):  # beyond enumeration: the moment DP (untied parameters)
+        return _dp_moments(env, mu, est, n)
     baseline = oracle_baseline(env, mu, est)
     atoms = env.support(mu, baseline)
     mask = np.asarray(atoms.mask, dtype=bool)  # (M, T)
@@ -302,6 +309,14 @@ def tie(vectors, T: int) -> np.ndarray:
 def has_exact_path(env, estimator) -> bool:
     """True iff :func:`exact_moments` applies to ``estimator`` on ``env`` (see there)."""
     return not _why_not_exact(as_estimator(estimator), env)
+
+
+def _dp_moments(env, mu, est: Estimator, n: int) -> ExactMoments:
+    """Exact moments by the token-MDP DP (:mod:`simkit.envs.token_moments`), any T."""
+    m = dp_moments(
+        env, mu, est.mapping, oracle_baseline(env, mu, est), est.aggregation, est.max_length
+    )
+    return ExactMoments(mean=m.mean, variance=m.variance(n), ess=m.ess(n))
 
 
 @dataclass(frozen=True)
@@ -489,8 +504,8 @@ def exact_metrics(moments: ExactMoments, grad_J) -> dict[str, float]:
     return out
 
 
-def _why_not_exact(est: Estimator, env=None) -> str:
-    """Why ``est`` has no exact path on ``env`` ('' if it has one)."""
+def _why_not_exact(est: Estimator, env=None, params: str = "untied") -> str:
+    """Why ``est`` has no exact path on ``env`` ('' if it has one: enumeration or DP)."""
     reasons = []
     if est.mapping.batch_dependent:
         reasons.append(f"mapping {est.mapping.name!r} is batch dependent")
@@ -502,12 +517,23 @@ def _why_not_exact(est: Estimator, env=None) -> str:
                 "aggregation 'token-mean' divides by the batch's total number of tokens, which "
                 "is random when lengths vary (eos)"
             )
-        enumerable = getattr(env, "enumerable", None)
-        if enumerable is not None and not enumerable():
-            reasons.append(
-                f"the environment has {env.n_sequences} sequences, more than the enumeration budget"
+        if not reasons and not _enumerable(env):
+            why_dp = (
+                "the moment DP is for untied parameters"
+                if params != "untied"
+                else dp_applies(env, est.mapping, est.aggregation)
             )
+            if why_dp:
+                reasons.append(
+                    f"the environment has {env.n_sequences} sequences, more than the enumeration "
+                    f"budget, and {why_dp}"
+                )
     return " and ".join(reasons)
+
+
+def _enumerable(env) -> bool:
+    enumerable = getattr(env, "enumerable", None)
+    return enumerable is None or bool(enumerable())
 
 
 # --- the runner -----------------------------------------------------------------------------
@@ -599,7 +625,7 @@ def run(
     for est in ests:
         est.check_batch_size(n)
     if exact is True:
-        why = {e.name: _why_not_exact(e, env) for e in ests}
+        why = {e.name: _why_not_exact(e, env, params) for e in ests}
         bad = [f"{name!r} ({reason})" for name, reason in why.items() if reason]
         if bad:
             raise ValueError(
@@ -607,7 +633,7 @@ def run(
                 + "; ".join(bad)
                 + ". Use exact='auto' to run them by Monte Carlo."
             )
-    use_exact = [exact is not False and not _why_not_exact(e, env) for e in ests]
+    use_exact = [exact is not False and not _why_not_exact(e, env, params) for e in ests]
 
     draw_ss, boot_ss = np.random.SeedSequence(seed).spawn(2)
     batch = env.sample(mu, n, np.random.default_rng(draw_ss), reps=reps)
