@@ -55,7 +55,16 @@ Confidence bounds (``*_lo``/``*_hi``, at ``level``) come from a seeded bootstrap
 - ``snr``: [‖·‖²-bounds of the ball] / [variance bounds] (conservative).
 
 ``khat`` has no bounds; it is computed from the coefficients of all reps·n drawn samples, on
-exact rows too. Exact rows have NaN bounds.
+exact rows too (NaN where no Pareto tail can be fitted, :func:`khat_of_weights`). Exact rows
+have NaN bounds.
+
+**Reliability.** These intervals assume that the reps have seen the distribution's tail. With
+heavy-tailed weights they can under-cover badly and silently, so every Monte Carlo row carries
+``reliable`` (and the exact ``tail_draws`` ν behind it): False when the per-batch squared errors
+have a Pareto k̂ > 0.7, when one batch carries more than half of their sum, or when the exact
+moments of the coefficients say that reps·n draws expect fewer than 10 draws in the tail that
+carries the second moment (:mod:`simkit.reliability`, with the references). Exact rows are
+always reliable.
 
 Randomness: one ``SeedSequence(seed)`` spawns a stream for the batches and a stream for the
 bootstrap. Every estimator is evaluated on the *same* batches (common random numbers) with the
@@ -72,6 +81,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from simkit import reliability
 from simkit.envs.token_moments import dp_applies
 from simkit.envs.token_moments import moments as dp_moments
 from simkit.estimators import ORACLE_ADVANTAGES, PER_SAMPLE_ADVANTAGES, Estimator, as_estimator
@@ -133,27 +143,43 @@ def effective_sample_size(n: int, abs_mean: float, sq_mean: float) -> float:
     return n * abs_mean**2 / sq_mean if sq_mean > 0 else 0.0
 
 
+#: fewest distinct values among the tail draws to which a Pareto tail is fitted
+KHAT_MIN_DISTINCT = 5
+
+
 def khat_of_weights(weights) -> float:
-    """Pareto-smoothed importance-sampling k̂ of non-negative ``weights`` (S,).
+    """Pareto-smoothed importance-sampling k̂ of non-negative ``weights`` (S,), or NaN.
 
     Vehtari et al., "Pareto smoothed importance sampling", JMLR 2024: k̂ < 0.5 finite variance,
     0.5–0.7 usable, > 0.7 unreliable. Delegates to :func:`simkit.mappings.psis.psis_khat` (on
-    log-weights, so zeros need care): zero weights are given the log-weight max − 1000, which
-    PSIS treats exactly as a zero (exp underflows) and which stays out of the fitted tail unless
-    fewer than the tail's M draws are positive. Conventions of ``psis_khat``: −inf when the
-    largest draws are all equal (bounded weights with few distinct values, e.g. a small bandit:
-    no tail), +inf with fewer than 25 draws; NaN here when every weight is 0.
+    log-weights; zero weights get the log-weight max − 1000, which PSIS treats exactly as a zero
+    and which stays out of the fitted tail unless fewer than the tail's M draws are positive).
+
+    NaN — never ±inf — where no Pareto tail can be fitted: every weight 0; fewer than 25 draws
+    (under 5 tail draws); or fewer than :data:`KHAT_MIN_DISTINCT` distinct values among the M
+    largest draws (a discrete support: a small bandit, or bounded weights whose tail is a few
+    atoms). On such supports a generalised-Pareto fit says nothing about a tail — it gave −inf,
+    +inf, 22.6 or −5.2 depending only on whether a rare atom happened to be drawn.
     """
+    from simkit.mappings.psis import MIN_TAIL_DRAWS, psis_tail_length
+
     w = np.asarray(weights, dtype=np.float64).ravel()
     if w.size == 0 or np.any(w < 0) or not np.all(np.isfinite(w)):
         raise ValueError("khat_of_weights needs a non-empty array of finite non-negative weights")
     positive = w > 0
     if not positive.any():
         return math.nan
+    tail = psis_tail_length(w.size)
+    if tail < MIN_TAIL_DRAWS:
+        return math.nan
+    top = np.partition(w, w.size - tail)[w.size - tail :]
+    if np.unique(top).size < KHAT_MIN_DISTINCT:
+        return math.nan
     log_w = np.empty_like(w)
     log_w[positive] = np.log(w[positive])
     log_w[~positive] = log_w[positive].max() - 1000.0
-    return float(psis_khat(log_w))
+    k = float(psis_khat(log_w))
+    return k if math.isfinite(k) else math.nan
 
 
 def _vectors(mean, grad_J):
@@ -554,6 +580,8 @@ _RESERVED = (
     *BOUNDED_METRICS,
     "khat",
     "exact",
+    "reliable",
+    "tail_draws",
     *(f"{k}_{s}" for k in BOUNDED_METRICS for s in ("lo", "hi")),
 )
 
@@ -602,7 +630,11 @@ def run(
     ``hp_`` if the name clashes with a column), the ``setting`` columns, ``T``, ``params``,
     ``n``, ``reps``,
     ``chi2_tok`` … ``tv_seq``, the metrics (module docstring) with ``*_lo``/``*_hi`` bounds (NaN
-    on exact rows), ``khat`` and ``exact``.
+    on exact rows), ``khat``, ``exact``, ``reliable`` (False when a Monte Carlo row's intervals
+    cannot be trusted — heavy or unseen tails; always True on exact rows; the rule and its
+    references are in :mod:`simkit.reliability`) and ``tail_draws`` (that rule's exact ν, the
+    expected number of draws in the tail carrying E c̄²; NaN on exact rows and where it cannot
+    be computed).
     """
     ests = _coerce_estimators(estimators)
     mu = env.check_policy(behaviour, "behaviour")
@@ -657,8 +689,10 @@ def run(
             draws = MonteCarloDraws(tie(draws.gradients, env.T), draws.coefficients, draws.mask)
         if is_exact:
             metrics = exact_metrics(exact_moments(env, mu, est, n, params), grad_J)
+            trusted, nu = True, math.nan
         else:
             metrics = monte_carlo_metrics(draws, grad_J, n, boot_weights, level)
+            trusted, nu = _reliability(env, mu, est, draws.gradients, grad_J, n)
         coeff = np.abs(draws.coefficients[draws.mask])
         rows.append(
             {
@@ -672,9 +706,21 @@ def run(
                 **metrics,
                 "khat": khat_of_weights(coeff),
                 "exact": is_exact,
+                "reliable": trusted,
+                "tail_draws": nu,
             }
         )
     return _tidy(rows, ests, list(setting))
+
+
+def _reliability(env, mu, est: Estimator, gradients, grad_J, n: int) -> tuple[bool, float]:
+    """(``reliable``, ``tail_draws``) of a Monte Carlo row (:mod:`simkit.reliability`)."""
+    g = np.asarray(gradients)
+    dev_sq = np.sum((g - g.mean(axis=0)) ** 2, axis=1)
+    err_sq = np.sum((g - grad_J) ** 2, axis=1)
+    khat_err, share = reliability.draw_checks(dev_sq, err_sq)
+    nu = reliability.tail_draws(env, mu, est, g.shape[0] * n, oracle_baseline(env, mu, est))
+    return reliability.is_reliable(khat_err, share, nu), nu
 
 
 def _coerce_estimators(estimators) -> list[Estimator]:
@@ -734,6 +780,8 @@ def _tidy(rows: list[dict], ests: list[Estimator], setting_cols: list[str]) -> p
         *metric_cols,
         "khat",
         "exact",
+        "reliable",
+        "tail_draws",
     ]
     return pd.DataFrame(rows).reindex(columns=cols)
 

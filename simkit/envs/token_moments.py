@@ -354,3 +354,25 @@ def sequence_moments(env, mu, mapping, b: float, inv_z: float = 1.0) -> TokenMom
 def _mean_length(env, mu) -> float:
     """E_μ|y| = Σ_t P_μ(running at t)."""
     return float(env.occupancy(mu).sum())
+
+
+def weight_moment(env, mu, q: float, log: bool = False) -> float:
+    """E_μ[W^q] of the sequence weight W = π(y)/μ(y), exact by a product-form forward sweep.
+
+    Kernel μ·r^q (0 where μ = 0: those tokens are never drawn), rescaled at every step
+    (:meth:`TokenMDP._forward` with ``normalise``). q = 2 gives 1 + χ²_seq. With ``log`` the
+    logarithm is returned (E W⁴ overflows long before its logarithm does).
+    """
+    mu = env.check_policy(mu)
+    step = env._step_probs
+
+    def kernel(t):
+        p, m = step(env.pi, t), step(mu, t)
+        r = _ratio(p, m, 0.0)
+        return np.where(m > 0, m * np.power(r, q), 0.0)
+
+    _, final, log_scale = env._forward(kernel, normalise=True)
+    total = float(final.sum())
+    if log:
+        return math.log(total) + log_scale if total > 0 else -math.inf
+    return total * math.exp(log_scale)
