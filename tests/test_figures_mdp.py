@@ -390,24 +390,27 @@ def test_token_bias_vs_T_data(token_bias_data):
     cfg, data = token_bias_data
     assert set(data.mapping) == set(token_bias_vs_T.MAPPINGS)
     assert set(data.env) == set(cfg.envs)
-    assert len(data) == len(cfg.envs) * len(cfg.lengths) * len(token_bias_vs_T.MAPPINGS)
+    assert set(data.params) == set(cfg.params) == {"untied", "tied"}
+    n_rows = len(cfg.envs) * len(cfg.lengths) * len(token_bias_vs_T.MAPPINGS) * len(cfg.params)
+    assert len(data) == n_rows
     assert np.isfinite(data[["bias", "bound_shape", "delta_max", "grad_norm"]]).all().all()
     np.testing.assert_allclose(data.chi2_tok, cfg.chi2_tok, rtol=1e-7)
     np.testing.assert_allclose(data.relative_bias, data.bias / data.grad_norm, rtol=1e-12)
-    for kind in cfg.envs:
-        part = data[data.env == kind]
-        token = part[part.mapping == "is_token"].set_index("T").sort_index()
-        # one token: token IS is sequence IS, unbiased; longer: biased through the states
-        assert token.bias.loc[1] < 1e-12
-        assert (token.bias.loc[2:] > 1e-4).all()
-        # the shape is K·T²·Δ_max (theory.token_is_bias_bound_shape) matched at the anchor T
-        anchor = data.attrs["anchor_T"][kind]
-        assert anchor == 2
-        assert token.bound_shape.loc[anchor] == pytest.approx(token.bias.loc[anchor], rel=1e-12)
-        ratio = token.bound_shape / (token.index.to_numpy() ** 2 * token.delta_max)
-        np.testing.assert_allclose(ratio, ratio.iloc[0], rtol=1e-12)
-        # observed on these settings: beyond the anchor the bias stays below the T² shape
-        assert (token.bias.loc[anchor:] <= token.bound_shape.loc[anchor:] * (1 + 1e-12)).all()
+    for params in cfg.params:
+        for kind in cfg.envs:
+            part = data[(data.env == kind) & (data.params == params)]
+            token = part[part.mapping == "is_token"].set_index("T").sort_index()
+            # one token: token IS is sequence IS, unbiased; longer: biased through the states
+            assert token.bias.loc[1] < 1e-12
+            assert (token.bias.loc[2:] > 1e-4).all()
+            # the shape is K·T²·Δ_max (theory.token_is_bias_bound_shape) matched at the anchor
+            anchor = data.attrs["anchor_T"][params, kind]
+            assert anchor == 2
+            assert token.bound_shape.loc[anchor] == pytest.approx(token.bias.loc[anchor], rel=1e-12)
+            ratio = token.bound_shape / (token.index.to_numpy() ** 2 * token.delta_max)
+            np.testing.assert_allclose(ratio, ratio.iloc[0], rtol=1e-12)
+            # observed on these settings: beyond the anchor the bias stays below the T² shape
+            assert (token.bias.loc[anchor:] <= token.bound_shape.loc[anchor:] * (1 + 1e-12)).all()
     # sequence IS: 0 by enumeration where V^T is within the budget, by theory beyond
     is_seq = data[data.mapping == "is_seq"]
     enumerable = cfg.V ** is_seq["T"] <= 2**cfg.enum_max_log2
@@ -417,24 +420,46 @@ def test_token_bias_vs_T_data(token_bias_data):
 
 
 def test_token_bias_vs_T_dp_equals_enumeration(token_bias_data):
-    """The DP bias (exact_token_level_mean) equals experiment.run's enumeration to 1e-10."""
+    """The DP bias (exact_token_level_mean, tied: summed blocks) equals experiment.run's
+    enumeration (params='untied' and 'tied') to 1e-10."""
     cfg, data = token_bias_data
     token = data[data.mapping.isin(token_bias_vs_T.TOKEN_MAPPINGS)]
     both = token[token.bias_enum.notna()]
-    assert len(both) >= 2 * len(token_bias_vs_T.TOKEN_MAPPINGS) * len(cfg.envs)
+    n_min = 2 * len(token_bias_vs_T.TOKEN_MAPPINGS) * len(cfg.envs) * len(cfg.params)
+    assert len(both) >= n_min
     np.testing.assert_allclose(both.bias, both.bias_enum, rtol=0, atol=1e-10)
     assert token[cfg.V ** token["T"] > 2**cfg.enum_max_log2].bias_enum.isna().all()
 
 
 def test_token_bias_vs_T_majority_bias_grows_relative_to_grad_J():
-    """The point of panel (b)/(c): on the majority vote token IS's bias grows relative to ∇J
-    with T (a whole-sequence reward), while on answer_correct it has saturated by T = 16."""
-    cfg = token_bias_vs_T.Config(lengths=(16, 64, 128))
+    """The point of the majority panels: token IS's bias grows relative to ∇J with T (a
+    whole-sequence reward), while on answer_correct it has saturated by T = 16."""
+    cfg = token_bias_vs_T.Config(lengths=(16, 64, 128), params=("untied",))
     data = token_bias_vs_T.compute(cfg).set_index(["env", "mapping", "T"]).sort_index()
     majority = data.loc[("at_least_k", "is_token")].relative_bias
     assert majority.is_monotonic_increasing and majority.loc[128] > 2 * majority.loc[16]
     last = data.loc[("answer_correct", "is_token")].bias
     np.testing.assert_allclose(last, last.loc[16], rtol=1e-6)
+
+
+def test_token_bias_vs_T_growth_laws_follow_the_data():
+    """The sentences under the figure are fitted slopes; these are the laws they state on the
+    default setting (oracle baseline J(μ)). If the data stop supporting them, this fails."""
+    cfg = token_bias_vs_T.Config(lengths=(32, 64, 128, 256))
+    data = token_bias_vs_T.compute(cfg)
+    laws = token_bias_vs_T.growth_laws(data).set_index(["params", "env", "mapping"]).law
+    assert laws["untied", "answer_correct", "naive"] == "saturates (flat)"
+    assert laws["untied", "answer_correct", "is_token"] == "saturates (flat)"
+    assert laws["untied", "answer_correct", "ppo_clip"] == "grows like √T"
+    assert laws["untied", "at_least_k", "ppo_clip"] == "saturates (flat)"
+    assert laws["tied", "answer_correct", "ppo_clip"] == "grows ∝ T"
+    assert laws["tied", "answer_correct", "is_token"] == "saturates (flat)"
+    text = " ".join(token_bias_vs_T.claims(data))
+    assert "No measured curve reaches the T² growth" in text
+    # and the words follow the slope (so a different slope gives a different sentence)
+    assert token_bias_vs_T.growth_word(0.0) == "saturates (flat)"
+    assert token_bias_vs_T.growth_word(2.0) == "grows like T²"
+    assert token_bias_vs_T.growth_word(0.25) == "grows like T^0.25"
 
 
 def test_token_bias_vs_T_config_validation():
