@@ -302,9 +302,14 @@ def test_mse_vs_T_data(mse_vs_T_data):
     cfg, data = mse_vs_T_data
     exact = data[data.exact]
     mc = data[~data.exact]
-    assert len(exact) == len(cfg.mapping_names) * len(cfg.exact_lengths)
+    dp_names = mse_vs_T.dp_mappings(cfg.mapping_names)
+    assert set(dp_names) == {"naive", "is_token", "is_seq", "ppo_clip"}  # not tis_seq, vespo
+    n_exact = len(cfg.mapping_names) * len(cfg.exact_lengths) + len(dp_names) * len(cfg.dp_lengths)
+    assert len(exact) == n_exact
     assert len(mc) == len(cfg.mapping_names) * len(cfg.mc_lengths)
-    assert set(exact.method) == {"enumeration"} and set(mc.method) == {"monte_carlo"}
+    assert set(exact.method) == {"enumeration", "dp"} and set(mc.method) == {"monte_carlo"}
+    assert (exact[exact.method == "dp"]["T"] > 12).all()  # beyond V^T = 2^12 sequences
+    assert mc.reliable.isin([True, False]).all() and exact.reliable.all()
     assert np.isfinite(data[["bias", "variance", "mse", "cosine"]]).all().all()
     np.testing.assert_allclose(exact.mse, exact.bias**2 + exact.variance, rtol=1e-9)
     # every state dialed to the same χ²: the occupancy average is that χ², and
@@ -325,12 +330,12 @@ def test_mse_vs_T_monte_carlo_agrees_with_enumeration(mse_vs_T_data):
     """Where a T has both paths, the MC estimate is within Z·SE of the exact value; SE from
     the same draws: the half-width of the 95% bootstrap interval / 1.96."""
     cfg, data = mse_vs_T_data
-    both = sorted(set(cfg.exact_lengths) & set(cfg.mc_lengths))
-    assert both, "the small config must have a T computed both ways"
+    both = sorted(set(cfg.exact_lengths + cfg.dp_lengths) & set(cfg.mc_lengths))
+    assert len(both) >= 2, "the small config must have T computed both ways (enum and DP)"
     for T in both:
         at = data[data["T"] == T]
         exact = at[at.exact].set_index("mapping")
-        mc = at[~at.exact].set_index("mapping")
+        mc = at[~at.exact].set_index("mapping").loc[exact.index]
         for key in ("mse", "variance"):
             se = (mc[f"{key}_hi"] - mc[f"{key}_lo"]) / (2 * 1.96)
             assert (se > 0).all()
@@ -338,10 +343,28 @@ def test_mse_vs_T_monte_carlo_agrees_with_enumeration(mse_vs_T_data):
             assert (err <= Z * se).all(), (T, key, (err / se).to_dict())
 
 
+def test_mse_vs_T_claims_follow_the_data(mse_vs_T_data):
+    """The sentence under the figure is the first T where is_seq's exact MSE tops every
+    token-level mapping; recomputed here by hand from the rows."""
+    _, data = mse_vs_T_data
+    found = mse_vs_T.crossing(data)
+    assert found is not None
+    T = found[0]
+    exact = data[data.exact]
+    token = ["naive", "is_token", "ppo_clip"]
+    for t in sorted(exact["T"].unique()):
+        at = exact[exact["T"] == t].set_index("mapping")
+        above = at.loc["is_seq", "mse"] > at.loc[token, "mse"].max()
+        if t <= T:
+            assert above == (t == T), (t, T)
+    assert f"at T = {T}" in data.attrs["claims"][0]
+
+
 def test_mse_vs_T_monte_carlo_can_fail():
     """The comparison above detects a wrong truth: a 30% larger MSE is far outside Z·SE."""
     cfg = mse_vs_T.Config(
         exact_lengths=(6,),
+        dp_lengths=(),
         mc_lengths=(6,),
         mc_reps=400,
         n_boot=100,
@@ -357,11 +380,12 @@ def test_mse_vs_T_monte_carlo_can_fail():
 def test_mse_vs_T_config_validation():
     with pytest.raises(ValueError, match="exact_lengths"):
         mse_vs_T.Config(exact_lengths=(20,))
-    with pytest.raises(ValueError, match="both empty"):
-        mse_vs_T.Config(exact_lengths=(), mc_lengths=())
+    with pytest.raises(ValueError, match="all empty"):
+        mse_vs_T.Config(exact_lengths=(), dp_lengths=(), mc_lengths=())
     with pytest.raises(ValueError, match="mc_reps"):
         mse_vs_T.Config(mc_reps=1)
-    assert mse_vs_T.Config(exact_lengths=(1, 4), mc_lengths=(4, 32)).lengths == (1, 4, 32)
+    cfg = mse_vs_T.Config(exact_lengths=(1, 4), dp_lengths=(64,), mc_lengths=(4, 32))
+    assert cfg.lengths == (1, 4, 32, 64)
 
 
 def test_dialed_behaviour_equals_the_row_by_row_dial():

@@ -47,7 +47,7 @@ def test_report_draws_unreliable_rows_hollow_with_a_note():
     hollow = [ln for ln in ax.get_lines() if ln.get_markerfacecolor() == "white"]
     assert len(hollow) == 1
     np.testing.assert_array_equal(hollow[0].get_xdata(), [0.5, 1.0])
-    assert any(_common.UNRELIABLE_NOTE in t.get_text() for t in fig.texts)
+    assert fig.get_supxlabel() == _common.UNRELIABLE_NOTE
     table["reliable"] = True
     (fig,) = report.draw_metric(table, "variance", "variance", "log", ["target"])
-    assert not any(_common.UNRELIABLE_NOTE in t.get_text() for t in fig.texts)
+    assert fig.get_supxlabel() == ""

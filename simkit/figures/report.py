@@ -234,7 +234,7 @@ def _draw_panel(ax, part, metric, scale, x_col, styles, floor) -> None:
 def _note_unreliable(fig, table: pd.DataFrame) -> None:
     """A footnote when some rows are marked ``reliable = False`` (drawn hollow)."""
     if "reliable" in table and (table["reliable"] == False).any():  # noqa: E712 (NaN-safe)
-        fig.text(0.01, 0.005, _common.UNRELIABLE_NOTE, fontsize=6, color="0.3", va="bottom")
+        fig.supxlabel(_common.UNRELIABLE_NOTE, x=0.01, ha="left", fontsize=6, color="0.3")
 
 
 def _mark_floor(ax, floor: float) -> None:
