@@ -7,7 +7,8 @@
   version and the cell key), in expansion order;
 - ``out_dir/report/<metric>.png`` for ``bias``, ``variance``, ``mse`` and ``cosine`` — the
   metric against the swept setting, one line per estimator (colours of
-  :mod:`simkit.figures.style`), Monte Carlo rows with their bootstrap bounds as error bars.
+  :mod:`simkit.figures.style`), Monte Carlo rows with their bootstrap bounds as error bars;
+  rows marked ``reliable = False`` (:mod:`simkit.reliability`) are drawn hollow, with a note.
 
 The x axis is the first swept setting column in the order ``target``, ``T``, ``n``, then the
 config's other columns; every other swept column makes one panel per value combination (at most
@@ -181,6 +182,7 @@ def draw_metric(table: pd.DataFrame, metric: str, label: str, scale: str, swept:
             title_fontsize=7.5,
         )
         fig.suptitle(f"{metric} vs {x_col}")
+        _note_unreliable(fig, table)
         figures.append(fig)
     return figures
 
@@ -213,6 +215,10 @@ def _draw_panel(ax, part, metric, scale, x_col, styles, floor) -> None:
             ax.errorbar(x, y, yerr=[below, above], capsize=1.5, elinewidth=0.7, **kw)
         else:
             ax.plot(x, y, **kw)
+        if "reliable" in rows:  # Monte Carlo rows whose intervals cannot be trusted: hollow
+            _common.mark_unreliable(
+                ax, x, y, rows["reliable"].to_numpy(), kw.get("color"), kw.get("marker", "o"), 4
+            )
     if numeric:
         xs = part[x_col].to_numpy(dtype=float)
         xs = xs[np.isfinite(xs)]
@@ -223,6 +229,12 @@ def _draw_panel(ax, part, metric, scale, x_col, styles, floor) -> None:
     ax.set_yscale(scale)
     if floor is not None:
         _common.mark_floor(ax, floor, "0")
+
+
+def _note_unreliable(fig, table: pd.DataFrame) -> None:
+    """A footnote when some rows are marked ``reliable = False`` (drawn hollow)."""
+    if "reliable" in table and (table["reliable"] == False).any():  # noqa: E712 (NaN-safe)
+        fig.supxlabel(_common.UNRELIABLE_NOTE, x=0.01, ha="left", fontsize=6, color="0.3")
 
 
 def _bar_figure(table, metric, label, scale, styles, floor):
