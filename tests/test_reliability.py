@@ -117,6 +117,17 @@ RACER = textwrap.dedent(
     from simkit.sweep import SweepError, run_sweep
 
     config, out, me, other = sys.argv[1:5]
+
+    # widen the window between "the directory does not exist yet" and the creation of its
+    # files, as a slow disk would: without the lock around check-and-write, both processes
+    # pass the check and write their config.toml in turn
+    _mkdir = pathlib.Path.mkdir
+    def slow_mkdir(self, *args, **kwargs):
+        if self == pathlib.Path(out):
+            time.sleep(0.3)
+        return _mkdir(self, *args, **kwargs)
+    pathlib.Path.mkdir = slow_mkdir
+
     pathlib.Path(me).touch()  # a barrier: both processes start run_sweep together
     while not pathlib.Path(other).exists():
         time.sleep(0.0005)
