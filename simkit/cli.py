@@ -26,6 +26,8 @@ import textwrap
 import time
 from collections.abc import Callable
 
+from simkit.cli_errors import CLIError
+
 PROG = "simkit"
 
 #: core dependencies reported by ``simkit info`` (distribution names)
@@ -45,10 +47,6 @@ OPTIONAL_PACKAGES = {
     ),
     "dev": ("pytest", "pytest-xdist", "hypothesis", "ruff"),
 }
-
-
-class CLIError(Exception):
-    """A usage error reported as ``simkit: error: …`` with exit status 2."""
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
@@ -405,8 +403,8 @@ def _run_report(args) -> int:
 
 # --- parser ------------------------------------------------------------------------------------
 
+
 def _add_train(subparsers) -> None:
-    # imported here: simkit.train.cli imports CLIError from this module
     from simkit.train.cli import register
 
     register(subparsers)

@@ -19,6 +19,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from simkit.cli_errors import CLIError
+
 __all__ = ["register", "run"]
 
 #: options of the single-run form, with their defaults (a config file excludes them)
@@ -159,7 +161,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     g.add_argument(
         "--advantage",
         default=RUN_DEFAULTS["advantage"],
-        help="with --mapping: oracle, grpo, dr_grpo, rloo, raw (default %(default)s)",
+        help="with --mapping: oracle (R - J(mu)), oracle_pi (R - J(pi)), grpo, dr_grpo, rloo, "
+        "raw (default %(default)s)",
     )
     g.add_argument(
         "--group-size",
@@ -220,8 +223,6 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def _error(message: str):
-    from simkit.cli import CLIError
-
     raise CLIError(message)
 
 

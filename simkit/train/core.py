@@ -10,7 +10,8 @@ The policy is tabular: θ = logits of shape (T, P, V) of a :class:`~simkit.envs.
    ``mismatch``): μ = π_b without mismatch, else noisy / rounded / spiked;
 3. ``batch`` sequences y ~ μ are drawn (:func:`simkit.envs.sample_tokens`, vectorised), their
    rewards and advantages computed once for the whole batch (as verl/TRL do; the ``oracle``
-   baseline is J of the trainer's θ at that moment, exact);
+   baseline is the exact J(μ) of the behaviour that produced the batch — what a group or batch
+   mean estimates —, ``oracle_pi`` the exact J of the trainer's θ at that moment);
 4. the batch is split into ``minibatches`` = N consecutive mini-batches of B/N sequences and
    the trainer takes one optimizer step on each, in order: mini-batch j is scored with π_j =
    softmax(θ after j updates of this rollout) against the μ that generated it — the staleness
@@ -61,6 +62,7 @@ import pandas as pd
 
 from simkit.envs.token_mdp import TokenMDP
 from simkit.envs.token_sampling import accumulate_tokens, sample_tokens
+from simkit.estimator_specs import build_estimators, estimator_params
 from simkit.estimators import Estimator, as_estimator
 from simkit.train.mismatch import Mismatch, behaviour_log_probs, log_softmax
 from simkit.train.optim import OPTIMIZERS, clip_grad_norm, make_optimizer
@@ -229,8 +231,6 @@ class TrainConfig:
         """The config of a :func:`config_dict` (``TrainConfig.from_dict(config_dict(c)) ==
         c``): the estimator is rebuilt from its parameters (mapping, hyperparameters,
         aggregation, advantage, group size, name), the mismatch from its fields."""
-        from simkit.config import build_estimators
-
         if not isinstance(d, dict):
             raise TypeError(f"expected a dict, got {type(d).__name__}")
         unknown = sorted(set(d) - set(cls.__dataclass_fields__))
@@ -250,8 +250,6 @@ class TrainConfig:
 def config_dict(config: TrainConfig) -> dict:
     """A plain JSON-able dict describing ``config`` completely (estimator included); the
     inverse is :meth:`TrainConfig.from_dict`."""
-    from simkit.config import estimator_params
-
     out = {}
     for name in TrainConfig.__dataclass_fields__:
         value = getattr(config, name)
@@ -354,8 +352,13 @@ def _new_rollout(env: TokenMDP, config: TrainConfig, state: _State, index: int) 
     flat_index += np.arange(T, dtype=np.intp) * (P * V)
     log_mu_tok = np.where(batch.mask, log_mu.ravel().take(flat_index), 0.0)
     est = config.estimator
-    J_now = env.with_logits(state.theta).J() if est.advantage == "oracle" else None
-    advantages = est.advantages(batch.rewards, J=J_now)
+    if est.advantage == "oracle":  # J(μ) of the served behaviour that drew this batch
+        J_base = env.J(mu)
+    elif est.advantage == "oracle_pi":
+        J_base = env.with_logits(state.theta).J()
+    else:
+        J_base = None
+    advantages = est.advantages(batch.rewards, J=J_base)
     return _Rollout(
         index=index,
         actions=batch.actions,
