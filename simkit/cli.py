@@ -352,6 +352,12 @@ def _run_sweep(args) -> int:
         sweep.check_backend(args.backend, args.workers, args.scheduler)
     except (TypeError, ValueError) as err:
         raise CLIError(str(err)) from None
+    from simkit._validation import check_output_dir
+
+    try:  # before any work (run_sweep checks it too, naming its argument out_dir)
+        check_output_dir(args.out, "--out")
+    except ValueError as err:
+        raise CLIError(str(err)) from None
     try:
         summary = sweep.run_sweep(
             args.config,

@@ -632,7 +632,7 @@ def _check_out_dir(out_dir) -> None:
     try:
         check_output_dir(out_dir, "out_dir")
     except ValueError as err:
-        raise SweepError(str(err).replace("out_dir ", "--out ", 1)) from None
+        raise SweepError(str(err)) from None
 
 
 def _execute(cells, backend, workers, scheduler) -> Iterator[tuple[object, CellOutcome]]:

@@ -142,7 +142,7 @@ RACER = textwrap.dedent(
 
 def test_concurrent_sweeps_on_a_new_directory_cannot_both_write_the_config(tmp_path):
     configs = [tiny_config(tmp_path, seed=s, name=f"c{s}.toml") for s in (1, 2)]
-    for trial in range(4):
+    for trial in range(3):
         out = tmp_path / f"race{trial}"
         flags = [tmp_path / f"ready{trial}-{i}" for i in (0, 1)]
         procs = [
@@ -320,6 +320,9 @@ def test_run_out_is_checked_before_the_cells_run(tmp_path, monkeypatch, capsys):
     assert cli.main(["sweep", str(config), "--out", str(tmp_path / "f")]) == 2
     err = capsys.readouterr().err
     assert err.count("simkit: error: --out") == 2
+    # from Python the argument is named as written there
+    with pytest.raises(sweep.SweepError, match=r"out_dir .*f is an existing file"):
+        sweep.run_sweep(config, tmp_path / "f", progress=False)
 
 
 # --- §5 sizes that cannot fit -----------------------------------------------------------------
