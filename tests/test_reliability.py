@@ -198,11 +198,14 @@ def test_resume_recomputes_truncated_and_zeroed_shards(tmp_path):
     pd.testing.assert_frame_equal(sweep.load_results(out), table, check_exact=True)
     assert_nothing_half_written(out)
 
-    # a shard holding another cell's rows is not accepted either
+    # a shard holding another cell's rows, or missing a row, is not accepted either
     shards[1].write_bytes(shards[3].read_bytes())
+    one = pd.read_parquet(shards[0])
+    one.iloc[:1].to_parquet(shards[0], index=False)
     summary = sweep.run_sweep(config, out, progress=False)
-    assert summary.damaged == (str(shards[1]),) and summary.ran == 1
+    assert set(summary.damaged) == {str(shards[0]), str(shards[1])} and summary.ran == 2
     pd.testing.assert_frame_equal(sweep.load_results(out), table, check_exact=True)
+    assert sweep.run_sweep(config, out, progress=False).done_before == 4  # intact: all kept
 
 
 # --- §3 report on a torn shard, a torn training checkpoint ------------------------------------
