@@ -277,10 +277,7 @@ def _run_run(args) -> int:
     except _config_errors() as err:
         raise CLIError(str(err)) from None
     if out is not None:
-        if out.endswith(".csv"):
-            table.to_csv(out, index=False)
-        else:
-            table.to_parquet(out, index=False)
+        sweep.write_table(table, out)  # atomically: never a half-written file
         print(f"table written to {out}", file=sys.stderr)
     print(_summary_table(table, args.all_columns))
     return 0

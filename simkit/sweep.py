@@ -275,6 +275,27 @@ def write_shard(table: pd.DataFrame, out_dir, key: str) -> Path:
     return final
 
 
+def write_table(table: pd.DataFrame, path) -> Path:
+    """Write ``table`` to ``path`` (``.csv``, else parquet) atomically, as :func:`write_shard`
+    does: a killed process leaves the previous file or the complete new one, never a part."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}{TMP_MARKER}{uuid.uuid4().hex[:12]}")
+    try:
+        with open(tmp, "wb") as fh:
+            if path.suffix == ".csv":
+                fh.write(table.to_csv(index=False).encode("utf-8"))
+            else:
+                table.to_parquet(fh, index=False, engine="pyarrow")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return path
+
+
 def _fsync_dir(path: Path) -> None:
     """Make a rename durable (POSIX); a no-op where directories cannot be opened."""
     try:
@@ -861,4 +882,5 @@ __all__ = [
     "single_threaded_blas",
     "verify_shard",
     "write_shard",
+    "write_table",
 ]

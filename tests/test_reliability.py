@@ -257,6 +257,34 @@ def test_torn_training_checkpoint_is_named_and_the_run_recovers(tmp_path):
         assert_nothing_half_written(out)
 
 
+def test_tables_written_by_the_commands_are_never_half_written(tmp_path, monkeypatch):
+    """``simkit run --out``, ``simkit train --table``, ``simkit report`` write through
+    :func:`simkit.sweep.write_table`: a write that dies midway leaves the previous file."""
+    table = pd.DataFrame({"cell": ["a", "b"], "x": [1.0, 2.0]})
+    for name in ("t.parquet", "t.csv"):
+        path = tmp_path / name
+        sweep.write_table(table, path)
+        before = path.read_bytes()
+
+        def dies(self, *args, **kwargs):
+            fh = args[0] if args else kwargs.get("path")
+            if hasattr(fh, "write"):
+                fh.write(b"partial")
+            raise OSError("disk full")
+
+        with monkeypatch.context() as m:
+            m.setattr(pd.DataFrame, "to_parquet", dies)
+            m.setattr(
+                pd.DataFrame,
+                "to_csv",
+                lambda self, *a, **k: (_ for _ in ()).throw(OSError("disk full")),
+            )
+            with pytest.raises(OSError, match="disk full"):
+                sweep.write_table(table.assign(x=[3.0, 4.0]), path)
+        assert path.read_bytes() == before
+        assert_nothing_half_written(tmp_path)
+
+
 # --- §4 --out checked before any work ---------------------------------------------------------
 
 

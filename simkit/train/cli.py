@@ -439,10 +439,9 @@ def _run_one(args) -> int:
     except (TrainError, ValueError, FloatingPointError) as err:
         _error(_as_typed(str(err)))
     if args.table is not None:
-        if args.table.endswith(".csv"):
-            table.to_csv(args.table, index=False)
-        else:
-            table.to_parquet(args.table, index=False)
+        from simkit.sweep import write_table
+
+        write_table(table, args.table)  # atomically: never a half-written file
         print(f"table written to {args.table}", file=sys.stderr)
     print(_run_report(table, config, env.J(), optimal_J(env)))
     return 0
@@ -560,7 +559,7 @@ def _run_config(args) -> int:
     setting = [k for k in cells[0].columns if len({c.columns[k] for c in cells}) > 1]
     by = ["cell", *setting] if setting else ["cell"]
     runs = run_summary(table, by)
-    runs.to_csv(out / "summary.csv", index=False)
+    sweep.write_table(runs, out / "summary.csv")
     import pandas as pd
 
     shown = runs.drop(columns=["cell", "steps", "J_min_after_peak"])
