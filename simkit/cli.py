@@ -278,10 +278,7 @@ def _run_run(args) -> int:
     except _config_errors() as err:
         raise CLIError(str(err)) from None
     if out is not None:
-        if out.endswith(".csv"):
-            table.to_csv(out, index=False)
-        else:
-            table.to_parquet(out, index=False)
+        sweep.write_table(table, out)  # atomically: never a half-written file
         print(f"table written to {out}", file=sys.stderr)
     print(_summary_table(table, args.all_columns))
     return 0
@@ -352,6 +349,12 @@ def _run_sweep(args) -> int:
     try:
         sweep.check_backend(args.backend, args.workers, args.scheduler)
     except (TypeError, ValueError) as err:
+        raise CLIError(str(err)) from None
+    from simkit._validation import check_output_dir
+
+    try:  # before any work (run_sweep checks it too, naming its argument out_dir)
+        check_output_dir(args.out, "--out")
+    except ValueError as err:
         raise CLIError(str(err)) from None
     try:
         summary = sweep.run_sweep(

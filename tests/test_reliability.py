@@ -117,6 +117,17 @@ RACER = textwrap.dedent(
     from simkit.sweep import SweepError, run_sweep
 
     config, out, me, other = sys.argv[1:5]
+
+    # widen the window between "the directory does not exist yet" and the creation of its
+    # files, as a slow disk would: without the lock around check-and-write, both processes
+    # pass the check and write their config.toml in turn
+    _mkdir = pathlib.Path.mkdir
+    def slow_mkdir(self, *args, **kwargs):
+        if self == pathlib.Path(out):
+            time.sleep(0.3)
+        return _mkdir(self, *args, **kwargs)
+    pathlib.Path.mkdir = slow_mkdir
+
     pathlib.Path(me).touch()  # a barrier: both processes start run_sweep together
     while not pathlib.Path(other).exists():
         time.sleep(0.0005)
@@ -131,7 +142,7 @@ RACER = textwrap.dedent(
 
 def test_concurrent_sweeps_on_a_new_directory_cannot_both_write_the_config(tmp_path):
     configs = [tiny_config(tmp_path, seed=s, name=f"c{s}.toml") for s in (1, 2)]
-    for trial in range(4):
+    for trial in range(3):
         out = tmp_path / f"race{trial}"
         flags = [tmp_path / f"ready{trial}-{i}" for i in (0, 1)]
         procs = [
@@ -187,11 +198,14 @@ def test_resume_recomputes_truncated_and_zeroed_shards(tmp_path):
     pd.testing.assert_frame_equal(sweep.load_results(out), table, check_exact=True)
     assert_nothing_half_written(out)
 
-    # a shard holding another cell's rows is not accepted either
+    # a shard holding another cell's rows, or missing a row, is not accepted either
     shards[1].write_bytes(shards[3].read_bytes())
+    one = pd.read_parquet(shards[0])
+    one.iloc[:1].to_parquet(shards[0], index=False)
     summary = sweep.run_sweep(config, out, progress=False)
-    assert summary.damaged == (str(shards[1]),) and summary.ran == 1
+    assert set(summary.damaged) == {str(shards[0]), str(shards[1])} and summary.ran == 2
     pd.testing.assert_frame_equal(sweep.load_results(out), table, check_exact=True)
+    assert sweep.run_sweep(config, out, progress=False).done_before == 4  # intact: all kept
 
 
 # --- §3 report on a torn shard, a torn training checkpoint ------------------------------------
@@ -241,6 +255,34 @@ def test_torn_training_checkpoint_is_named_and_the_run_recovers(tmp_path):
         pd.testing.assert_frame_equal(pd.read_parquet(table), reference, check_exact=True)
         pd.testing.assert_frame_equal(load_run(out), reference, check_exact=True)
         assert_nothing_half_written(out)
+
+
+def test_tables_written_by_the_commands_are_never_half_written(tmp_path, monkeypatch):
+    """``simkit run --out``, ``simkit train --table``, ``simkit report`` write through
+    :func:`simkit.sweep.write_table`: a write that dies midway leaves the previous file."""
+    table = pd.DataFrame({"cell": ["a", "b"], "x": [1.0, 2.0]})
+    for name in ("t.parquet", "t.csv"):
+        path = tmp_path / name
+        sweep.write_table(table, path)
+        before = path.read_bytes()
+
+        def dies(self, *args, **kwargs):
+            fh = args[0] if args else kwargs.get("path")
+            if hasattr(fh, "write"):
+                fh.write(b"partial")
+            raise OSError("disk full")
+
+        with monkeypatch.context() as m:
+            m.setattr(pd.DataFrame, "to_parquet", dies)
+            m.setattr(
+                pd.DataFrame,
+                "to_csv",
+                lambda self, *a, **k: (_ for _ in ()).throw(OSError("disk full")),
+            )
+            with pytest.raises(OSError, match="disk full"):
+                sweep.write_table(table.assign(x=[3.0, 4.0]), path)
+        assert path.read_bytes() == before
+        assert_nothing_half_written(tmp_path)
 
 
 # --- §4 --out checked before any work ---------------------------------------------------------
@@ -309,6 +351,9 @@ def test_run_out_is_checked_before_the_cells_run(tmp_path, monkeypatch, capsys):
     assert cli.main(["sweep", str(config), "--out", str(tmp_path / "f")]) == 2
     err = capsys.readouterr().err
     assert err.count("simkit: error: --out") == 2
+    # from Python the argument is named as written there
+    with pytest.raises(sweep.SweepError, match=r"out_dir .*f is an existing file"):
+        sweep.run_sweep(config, tmp_path / "f", progress=False)
 
 
 # --- §5 sizes that cannot fit -----------------------------------------------------------------

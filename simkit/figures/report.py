@@ -85,8 +85,8 @@ def report(out_dir, partial: bool = False) -> tuple[pd.DataFrame, list[Path]]:
     if table.empty:
         raise sweep.SweepError(f"{out} has no finished cells to report")
     parquet, csv = out / "results.parquet", out / "results.csv"
-    table.to_parquet(parquet, index=False, engine="pyarrow")
-    table.to_csv(csv, index=False)
+    sweep.write_table(table, parquet)  # atomically (issue 13): never a half-written file
+    sweep.write_table(table, csv)
     paths = [parquet, csv]
     figure_dir = out / REPORT_DIR
     figure_dir.mkdir(exist_ok=True)
