@@ -169,8 +169,19 @@ def direct_imports(name: str, root: Path = PACKAGE_ROOT) -> set[str]:
     if path is None:
         raise KeyError(f"no simkit module {name!r} under {root}")
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = _resolve(_parsed(path)[1], package, root)
+    found.discard(name)
+    return found
+
+
+def source_imports(text: str, root: Path = PACKAGE_ROOT) -> set[str]:
+    """Simkit modules that the Python source ``text`` (a script, a notebook) imports."""
+    return _resolve(_parse(text, "<source>")[1], PACKAGE, root)
+
+
+def _resolve(records, package: str, root: Path) -> set[str]:
     found: set[str] = set()
-    for level, target, names in _parsed(path)[1]:
+    for level, target, names in records:
         if level:
             base = package.split(".")
             base = base[: len(base) - (level - 1)]
@@ -184,7 +195,6 @@ def direct_imports(name: str, root: Path = PACKAGE_ROOT) -> set[str]:
                 f"{target}.{n}" if module_file(f"{target}.{n}", root) else target for n in names
             ]
         found.update(c for c in candidates if module_file(c, root) is not None)
-    found.discard(name)
     return found
 
 
@@ -275,8 +285,14 @@ def source_hash(path: Path) -> str:
 
 def code_hash(name: str, root: Path = PACKAGE_ROOT) -> str:
     """SHA-256 over :func:`source_hash` of module ``name`` and of all its :func:`dependencies`."""
+    return modules_hash(dependencies(name, root), root)
+
+
+def modules_hash(modules, root: Path = PACKAGE_ROOT) -> str:
+    """SHA-256 over the :func:`source_hash` of each of ``modules`` and their dependencies."""
+    closure = sorted({d for m in modules for d in dependencies(m, root)})
     h = hashlib.sha256()
-    for module in dependencies(name, root):
+    for module in closure:
         h.update(f"{module}:{source_hash(module_file(module, root))}\n".encode())
     return h.hexdigest()
 
