@@ -218,7 +218,9 @@ def on_files(files, config):
         for ext in ("png", "pdf"):
             path = FIGURES / f"{name}.{ext}"
             if path.exists():
-                files.append(File.generated(config, f"figures/{name}.{ext}", abs_src_path=str(path)))
+                files.append(
+                    File.generated(config, f"figures/{name}.{ext}", abs_src_path=str(path))
+                )
     return files
 
 
