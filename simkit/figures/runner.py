@@ -56,6 +56,7 @@ class Result:
     key: str
     data_hash: str
     paths: list[Path]
+    recorded_s: float = 0.0  # compute time recorded with the data (this run or the cached one)
 
 
 def available_cpus() -> int:
@@ -119,7 +120,8 @@ def make_one(name: str, out_dir, small: bool, cache_dir, force: bool, events=Non
     if need == "cached":
         for ext, path in zip(("png", "pdf"), paths):
             _copy(store.file(name, rkey, ext), path)
-        data_hash = store.meta(name, key)["data_hash"]
+        meta = store.meta(name, key)
+        data_hash, recorded = meta["data_hash"], meta.get("seconds", 0.0)
     else:
         data = None if need == "computed" else store.load(name, key)
         if data is None:
@@ -129,15 +131,17 @@ def make_one(name: str, out_dir, small: bool, cache_dir, force: bool, events=Non
             compute_s = time.perf_counter() - t
             data_hash = _cache.content_hash(data)
             store.store(name, key, data, compute_s, data_hash=data_hash)
+            recorded = compute_s
         else:
-            data_hash = store.meta(name, key)["data_hash"]
+            meta = store.meta(name, key)
+            data_hash, recorded = meta["data_hash"], meta.get("seconds", 0.0)
         t = time.perf_counter()
         figures.save(name, data, out)
         draw_s = time.perf_counter() - t
         for ext, path in zip(("png", "pdf"), paths):
             store.store_file(name, rkey, ext, path)
     result = Result(
-        name, need, compute_s, draw_s, time.perf_counter() - start, key, data_hash, paths
+        name, need, compute_s, draw_s, time.perf_counter() - start, key, data_hash, paths, recorded
     )
     if events is not None:
         events.put(("done", name, time.time()))
@@ -208,7 +212,14 @@ def build(
     _cache.load_source_memo(memo)
     plans = {name: plan(name, small, store, force) for name in names}
     _cache.save_source_memo(memo)
-    expected = {n: store.seconds(n) for n in names}
+    # expected compute times: this cache's last run, else the committed manifest's record
+    recorded = read_manifest(out_dir).get("figures", {})
+    expected = {
+        n: store.seconds(n)
+        if store.seconds(n) is not None
+        else recorded.get(n, {}).get("compute_s")
+        for n in names
+    }
     known = [s for s in expected.values() if s is not None]
     fallback = sorted(known)[len(known) // 2] if known else DEFAULT_SECONDS
     expected = {n: (s if s is not None else fallback) for n, s in expected.items()}
@@ -423,8 +434,10 @@ def manifest_entry(name: str, small: bool) -> dict:
 def write_manifest(out_dir, results: list[Result], small: bool) -> Path:
     """Update ``<out_dir>/MANIFEST.json`` with ``results`` (entries of other figures are kept).
 
-    Deterministic (sorted keys, gallery order, no times): committing it changes nothing unless
-    a figure's inputs or files changed.
+    Deterministic for a given cache (gallery order; ``compute_s``, the compute time in whole
+    seconds recorded with the data, only changes when a figure is recomputed): committing it
+    changes nothing unless a figure was recomputed. ``compute_s`` orders the first run on a
+    fresh clone (longest first) and feeds its ETAs.
     """
     from simkit import figures
 
@@ -434,6 +447,7 @@ def write_manifest(out_dir, results: list[Result], small: bool) -> Path:
     for r in results:
         entry = manifest_entry(r.name, small)
         entry.update(
+            compute_s=round(r.recorded_s),
             data=r.data_hash,
             png=file_hash(r.paths[0]),
             pdf=file_hash(r.paths[1]),
