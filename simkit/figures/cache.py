@@ -227,6 +227,9 @@ def _strip_docstrings(tree: ast.AST) -> ast.AST:
 
 #: raw-bytes SHA-256 -> (source hash, import records); persisted by load/save_source_memo
 _SOURCE_MEMO: dict[str, tuple[str, tuple]] = {}
+_USED: set[str] = set()
+#: a saved memo larger than this keeps only the entries this process used
+MEMO_LIMIT = 2000
 
 
 def _parse(text: str, filename: str):
@@ -245,6 +248,7 @@ def _parse(text: str, filename: str):
 def _parsed_at(path: str, mtime_ns: int, size: int):
     raw = Path(path).read_bytes()
     raw_hash = hashlib.sha256(raw).hexdigest()
+    _USED.add(raw_hash)
     if raw_hash not in _SOURCE_MEMO:
         _SOURCE_MEMO[raw_hash] = _parse(raw.decode("utf-8"), path)
     return _SOURCE_MEMO[raw_hash]
@@ -274,7 +278,10 @@ def load_source_memo(path: Path) -> None:
 def save_source_memo(path: Path) -> None:
     """Write the parse results of this process (keyed by each file's raw-bytes hash)."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    memo = {"format": CACHE_FORMAT, "sources": _SOURCE_MEMO}
+    sources = _SOURCE_MEMO
+    if len(sources) > MEMO_LIMIT:
+        sources = {h: v for h, v in sources.items() if h in _USED}
+    memo = {"format": CACHE_FORMAT, "sources": sources}
     _atomic_write(Path(path), json.dumps(memo).encode())
 
 

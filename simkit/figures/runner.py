@@ -160,7 +160,7 @@ _LIMITS = None
 _EVENTS = None
 
 
-def _init_worker(threads: int, events) -> None:
+def _init_worker(threads: int, events, memo: str) -> None:
     global _LIMITS, _EVENTS
     os.environ["TQDM_DISABLE"] = "1"  # inner bars would garble the parent's display
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -169,6 +169,7 @@ def _init_worker(threads: int, events) -> None:
 
     _LIMITS = threadpool_limits(limits=threads)
     _EVENTS = events
+    _cache.load_source_memo(Path(memo))  # the parent's parse results: no re-parsing
     if "torch" in sys.modules:  # pragma: no cover - only when a figure module imports torch
         sys.modules["torch"].set_num_threads(threads)
 
@@ -258,7 +259,10 @@ def _run_pool(todo, workers, out_dir, small, cache_dir, force, reporter, results
     events = ctx.Queue()
     threads = max(1, available_cpus() // workers)
     with ProcessPoolExecutor(
-        max_workers=workers, mp_context=ctx, initializer=_init_worker, initargs=(threads, events)
+        max_workers=workers,
+        mp_context=ctx,
+        initializer=_init_worker,
+        initargs=(threads, events, str(Path(cache_dir) / "sources.json")),
     ) as pool:
         futures = {
             pool.submit(_work, name, str(out_dir), small, str(cache_dir), force): name
