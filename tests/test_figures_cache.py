@@ -190,6 +190,28 @@ def test_progress_lines_when_not_a_terminal(tmp_path, monkeypatch):
     assert "\r" not in text  # no bar redraws in a log
 
 
+def test_progress_bars_on_a_terminal(tmp_path):
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    stream = Terminal()
+    kw = {"small": True, "jobs": 2, "cache_dir": tmp_path / "c", "stream": stream}
+    figures.build(CHEAP, tmp_path / "a", **kw)
+    first = stream.getvalue()
+    assert "figures" in first and "%|" in first and "[1/2]" in first
+    assert "first run: no estimate" in first or "kernel_shapes" in first
+    (tmp_path / "c" / "figures" / "kernel_shapes").joinpath("seconds.json").write_text(
+        '{"seconds": 50.0}'
+    )
+    stream.seek(0)
+    stream.truncate()
+    figures.build(["kernel_shapes"], tmp_path / "a", force=True, **kw)
+    assert "last run 50s" in stream.getvalue()  # the running figure's ETA uses the last time
+
+
 @pytest.mark.slow
 def test_warm_figure_is_ten_times_faster_than_cold(tmp_path):
     env = {**os.environ, "SIMKIT_CACHE_DIR": str(tmp_path / "cache"), "MPLBACKEND": "Agg"}

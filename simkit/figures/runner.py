@@ -221,11 +221,12 @@ def build(
         else recorded.get(n, {}).get("compute_s")
         for n in names
     }
-    known = [s for s in expected.values() if s is not None]
-    fallback = sorted(known)[len(known) // 2] if known else DEFAULT_SECONDS
+    known = {n for n, s in expected.items() if s is not None}
+    times = sorted(expected[n] for n in known)
+    fallback = times[len(times) // 2] if times else DEFAULT_SECONDS
     expected = {n: (s if s is not None else fallback) for n, s in expected.items()}
 
-    reporter = _Reporter(names, plans, expected, stream, progress)
+    reporter = _Reporter(names, plans, expected, stream, progress, known)
     results: dict[str, Result] = {}
     # cache hits (file copies) first, in this process: they are instant
     for name in names:
@@ -298,8 +299,9 @@ def _drain(events, reporter) -> None:
 class _Reporter:
     """Per-figure lines always; tqdm bars on a terminal, periodic summaries otherwise."""
 
-    def __init__(self, names, plans, expected, stream, progress):
+    def __init__(self, names, plans, expected, stream, progress, known=None):
         self.names, self.plans, self.stream = names, plans, stream
+        self.known = set(names) if known is None else set(known)  # names with a recorded time
         self.work = {n: (expected[n] if plans[n][1] == "computed" else 1.0) for n in names}
         self.expected = expected
         self.start = time.time()
@@ -334,15 +336,22 @@ class _Reporter:
     def started(self, name: str, when: float) -> None:
         self.running[name] = when
         if self.bar is not None and self.plans[name][1] == "computed":
+            if name in self.known:  # a bar with an ETA from the last run's time
+                total = round(self.expected[name], 1)
+                fmt = (
+                    "{desc} {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}, last run "
+                    f"{_fmt(self.expected[name])}]"
+                )
+            else:  # never computed here: elapsed time only
+                total, fmt = None, "{desc} [{elapsed}, first run: no estimate]"
             self.figure_bars[name] = self._tqdm(
-                total=round(self.expected[name], 1),
+                total=total,
                 desc=f"  {name}",
                 unit="s",
                 file=self.stream,
                 position=len(self.figure_bars) + 1,
                 leave=False,
-                bar_format="{desc} {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}, last run "
-                f"{_fmt(self.expected[name])}]",
+                bar_format=fmt,
                 dynamic_ncols=True,
             )
 
@@ -381,7 +390,8 @@ class _Reporter:
             )
             self.bar.refresh()
             for name, bar in self.figure_bars.items():
-                bar.n = round(min(now - self.running[name], bar.total), 1)
+                elapsed = now - self.running[name]
+                bar.n = round(elapsed if bar.total is None else min(elapsed, bar.total), 1)
                 bar.refresh()
         elif self.periodic and now - self.last_line >= self.interval and self.running:
             self.last_line = now
@@ -389,7 +399,8 @@ class _Reporter:
             units, total = self._progress_units(now), sum(self.work.values())
             left = elapsed * (total - units) / units if units > 0 else float("nan")
             running = ", ".join(
-                f"{n} {_fmt(now - t0)} (last run {_fmt(self.expected[n])})"
+                f"{n} {_fmt(now - t0)}"
+                + (f" (last run {_fmt(self.expected[n])})" if n in self.known else " (first run)")
                 for n, t0 in self.running.items()
             )
             print(
