@@ -229,6 +229,7 @@ class _Batch:
     adv: torch.Tensor | None = None
     log_prob: torch.Tensor | None = None
     rng: object = None
+    full: bool = False
 
     def per_row(self, value_pos: float, value_neg: float) -> torch.Tensor:
         """(N,) tensor: ``value_pos`` on rows with A >= 0, ``value_neg`` on the others."""
@@ -727,9 +728,11 @@ def _covariance(b: _Batch) -> torch.Tensor:
     with torch.no_grad():
         n = b.lengths.sum().clamp(min=1)
         mean_a = (b.adv * b.lengths).sum() / n
-        mean_lp = (b.log_prob * b.maskf).sum() / n
-        cov = (b.adv - mean_a)[:, None] * (b.log_prob - mean_lp)
-        return torch.where(b.mask, cov, -math.inf)
+        mean_lp = b.log_prob.sum() / n  # log_prob is 0 on padding
+        cov = (b.log_prob - mean_lp).mul_((b.adv - mean_a)[:, None])
+        if b.full:
+            return cov
+        return cov.masked_fill_(~b.mask, -math.inf)
 
 
 def _clip_cov(m, b: _Batch) -> _Terms:
@@ -764,13 +767,13 @@ def _clip_cov(m, b: _Batch) -> _Terms:
 def _kl_cov(m, b: _Batch) -> _Terms:
     """verl ``compute_policy_loss_kl_cov`` (b178a3c): −A·r everywhere, + κ·|log r| on the
     k = max(1, ⌊ρ·#valid⌋) valid tokens of largest covariance (ties: first in row-major order)."""
-    cov = _covariance(b)
+    cov = _covariance(b)  # −inf on padding: never among the k <= #valid largest
     with torch.no_grad():
-        valid = torch.nonzero(b.mask.reshape(-1)).reshape(-1)
+        n_valid = int(b.lengths.sum())
         selected = torch.zeros_like(b.mask)
-        if valid.numel():
-            k = max(1, int(valid.numel() * m.ratio))
-            chosen = valid[_top_k_first(cov.reshape(-1)[valid], k)]
+        if n_valid:
+            k = max(1, int(n_valid * m.ratio))
+            chosen = _top_k_first(cov.reshape(-1), k)
             selected = selected.reshape(-1).index_fill(0, chosen, True).reshape(b.mask.shape)
         sel = selected.view(torch.uint8).to(b.log_w.dtype)
     penalty = b.log_ratio.abs() * sel * m.kappa if m.kappa > 0 else None
@@ -1219,6 +1222,7 @@ def policy_loss(
     log_w = log_ratio.detach().sum(dim=1)
     log_s = log_w / lengths.clamp(min=1)  # 0 for an empty row (its log W is 0)
     needs_log_prob = mapping.name in ("clip_cov", "kl_cov")
+    full = needs_log_prob and bool(mask.all())  # no padding: the selects can be skipped
     batch = _Batch(
         log_ratio,
         mask,
@@ -1230,8 +1234,11 @@ def policy_loss(
         float(lr_min),
         float(lr_max),
         adv=adv,
-        log_prob=torch.where(mask, lp.detach(), 0.0) if needs_log_prob else None,
+        log_prob=(lp.detach() if full else torch.where(mask, lp.detach(), 0.0))
+        if needs_log_prob
+        else None,
         rng=rng,
+        full=full,
     )
 
     terms = _KERNELS[mapping.name](mapping, batch)
