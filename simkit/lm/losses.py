@@ -69,6 +69,13 @@ tokens / non-empty rows; not when the mean is ≤ 1e-8). ``clip_cov`` / ``kl_cov
 advantage values and ``log_prob`` itself (the covariance (A − mean A)(log π − mean log π) over
 valid tokens), as verl does; pass ``log_prob=`` to the numpy mapping to get the same numbers.
 
+Composed losses (three policies, :mod:`simkit.composition`): ``policy_loss(name, log_prob,
+old_log_prob, A, mask, correction="tis_token", rollout_log_prob=log_mu)`` puts the mapping on
+log π − log π_old (``old_log_prob``) and multiplies every token weight by the detached
+correction of log π_old − log μ (``mode="decoupled"``); ``mode="bypass"`` (old_log_prob = log μ,
+both on π/μ) and ``mode="trl_vespo"`` (TRL's VESPO, the correction folded into W) as in
+:class:`simkit.estimators.Estimator`.
+
 (r token ratio, W = exp Σ_t log r_t the sequence ratio, s = exp(mean_t log r_t) the geometric
 mean, all over the valid tokens of the row; a row without valid tokens has W = s = 1.)
 Hyperparameters have the names, defaults, presets and validation of the numpy dataclasses of
