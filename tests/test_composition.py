@@ -354,3 +354,26 @@ def test_composed_kept_denominator_uses_both_rejections():
     np.testing.assert_array_equal(c != 0, kept)
     lam = est.token_weights(lr, mask, adv, old_log_ratio=old)
     np.testing.assert_allclose(lam, c * adv[:, None] * aggregation_weights(kept, "token-mean"))
+
+
+def test_estimator_specs_round_trip_composed_estimators():
+    from simkit.estimator_specs import build_estimators, estimator_params
+
+    ests = [
+        Estimator("ppo_clip"),
+        Estimator(get("dapo", preset="verl"), correction=get("tis_token", c_high=3.0)),
+        Estimator("vespo", correction="icepop", mode="trl_vespo", denominator="kept"),
+        Estimator(get("kl_rs", criteria=("token_k2", "seq_max_k3"), u=(0.1, 0.2)), seed=4),
+    ]
+    specs = [estimator_params(e) for e in ests]
+    assert set(specs[0]) == {
+        "name",
+        "mapping",
+        "hyperparameters",
+        "aggregation",
+        "advantage",
+        "group_size",
+        "adv_eps",
+        "max_length",
+    }  # an estimator without composition keeps its spec
+    assert build_estimators(specs) == ests
