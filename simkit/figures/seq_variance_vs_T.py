@@ -242,6 +242,6 @@ def draw(data: dict):
     ax.set_ylabel(r"$\mathrm{Var}_\mu(W) = \chi^2_{seq}(\pi\,\|\,\mu)$")
     ax.legend(fontsize=6.5, loc="upper left")
     ax.set_title(
-        f"Sequence IS variance explodes with T (V = {cfg.V}, n = {cfg.n} sequences per point)"
+        f"Sequence IS variance vs T (V = {cfg.V}, n = {cfg.n} draws per MC point)", fontsize=9
     )
     return fig
