@@ -168,9 +168,7 @@ w10 = pi / mu10
 ppo = mappings.get("ppo_clip")
 b10 = env.J(mu10)  # the oracle baseline J(μ): A = 1 − b or −b
 second_moment_neg = mu10 * (1 - m) * b10**2 * ppo.phi(w10, positive=False) ** 2 * (score**2).sum(1)
-second_moment_pos = (
-    mu10 * m * (1 - b10) ** 2 * ppo.phi(w10, positive=True) ** 2 * (score**2).sum(1)
-)
+second_moment_pos = mu10 * m * (1 - b10) ** 2 * ppo.phi(w10, positive=True) ** 2 * (score**2).sum(1)
 total = second_moment_neg.sum() + second_moment_pos.sum()
 large = w10 > 3.0
 share = second_moment_neg[large].sum() / total
