@@ -43,43 +43,131 @@ def test_new_figures_are_registered_and_render(tmp_path, name):
 # --- length_trap -------------------------------------------------------------------------------
 
 
-def test_length_trap_data():
-    cfg = length_trap.config(small=True)
+@pytest.fixture(scope="module")
+def length_trap_data():
+    return length_trap.compute(length_trap.config(small=True))
+
+
+def test_length_trap_data(length_trap_data):
+    data = length_trap_data
+    kept = data.kept
+    assert set(kept.columns) >= {"T", "mask", "measure", "fraction"}
+    assert set(kept["mask"]) == set(length_trap.MASKS)
+    assert set(kept.measure) == set(length_trap.MEASURES)
+    assert kept.fraction.between(0.0, 1.0 + 1e-12).all()
+    cfg = data.config
+    # V = 2: every length of the grid is exact (T + 1 count vectors)
+    exact = kept[kept.method == "exact"]
+    assert sorted(set(exact["T"])) == list(cfg.grid)
+    # ρ̄ is defined under π: ρ̄ = exp(KL(π‖μ)), T* = log C / KL(π‖μ)
+    assert data.kl_tok == pytest.approx(cfg.kl_tok, rel=1e-7)
+    assert data.rho_bar == pytest.approx(math.exp(data.kl_tok), rel=1e-15)
+    assert data.t_star == pytest.approx(math.log(cfg.c) / data.kl_tok, rel=1e-12)
+    assert len(data.notes) == 4 and all(isinstance(n, str) and n for n in data.notes)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"kl_tok": 0.05}, {"kl_tok": 0.5, "c": 1.5}, {"V": 3, "kl_tok": 0.2, "c": 2.0}],
+    ids=["kl0.002", "kl0.05", "kl0.5-c1.5", "V3"],
+)
+def test_length_trap_mu_samples_obey_markov_at_every_T(overrides):
+    """P_μ(W ≤ C) ≥ 1 − 1/C at every T (E_μ[W] = 1, Markov): exact rows exactly, Monte Carlo
+    rows within Z binomial SE (at the floor)."""
+    base = {"lengths": (1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233, 377, 610, 987, 1597)}
+    if overrides.get("V") == 3:
+        base["lengths"] = (1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233, 377, 610)
+    cfg = length_trap.Config(
+        **base,
+        report_lengths=(1, 55, base["lengths"][-1]),
+        mc_lengths=(8, 89, 610),
+        n_mc=400,
+        **overrides,
+    )
     data = length_trap.compute(cfg)
-    curves, points = data["curves"], data["points"]
-    assert np.isfinite(curves.kept_exact).all() and np.isfinite(points.kept_mc).all()
-    for rho in cfg.rho_bars:
-        t_star = data["t_star"][rho]
-        assert t_star == pytest.approx(math.log(cfg.c) / math.log(rho), rel=1e-12)
-        mis = curves[(curves.rho_bar == rho) & (curves.mapping == "mis_seq")]
-        # median of log W = T log ρ̄ reaches log C exactly at T*: kept fraction crosses 1/2 there
-        assert (mis[mis["T"] < t_star].kept_exact > 0.5).all()
-        assert (mis[mis["T"] > t_star].kept_exact < 0.5).all()
-        # and it goes to 0 beyond T*: monotone, and at 4T*, P = Φ(−3 log C/(2σ√T*)) < 1e-3
-        assert (np.diff(mis.kept_exact.to_numpy()) <= 0).all()
-        assert mis["T"].max() >= 4 * t_star
-        assert (mis[mis["T"] >= 4 * t_star].kept_exact < 1e-3).all()
-        assert (
-            mis[mis["T"] <= t_star / 4].kept_exact > 0.999
-        ).all()  # symmetric: z = 3 log C/(2σ√T*)
-        # Geo-Mask is length invariant: keeps (essentially) everything at every T
-        geo = curves[(curves.rho_bar == rho) & (curves.mapping == "geo_mask")]
-        np.testing.assert_allclose(geo.kept_exact, 1.0, atol=1e-12)
-        geo_mc = points[(points.rho_bar == rho) & (points.mapping == "geo_mask")]
-        assert (geo_mc.kept_mc == 1.0).all()
-        # Monte Carlo (the registered mis_seq mapping) agrees with the closed form
-        mc = points[(points.rho_bar == rho) & (points.mapping == "mis_seq")]
-        exact = length_trap.kept_fraction_mis_seq(mc["T"].to_numpy(), rho, cfg.sigma, cfg.c)
-        se = np.sqrt(exact * (1 - exact) / cfg.n_seq)  # binomial SE at the truth
-        assert (np.abs(mc.kept_mc.to_numpy() - exact) <= Z * se + 1e-12).all()
-        assert mc.kept_mc.iloc[0] == 1.0 and mc.kept_mc.iloc[-1] == 0.0
+    k = data.kept
+    one = k[(k["mask"] == "mis_seq_one_sided") & (k.measure == "mu_samples")]
+    floor = 1 - 1 / cfg.c
+    exact, mc = one[one.method == "exact"], one[one.method == "monte_carlo"]
+    assert len(exact) == len(cfg.grid)
+    assert (exact.fraction >= floor - 1e-12).all()
+    se_floor = math.sqrt(floor * (1 - floor) / cfg.n_mc)
+    assert (mc.fraction >= floor - Z * se_floor).all()
+    # the π-mass of the same mask does fall: far below the μ-sample fraction at the longest T
+    pi = k[(k["mask"] == "mis_seq_one_sided") & (k.measure == "pi_mass") & (k.method == "exact")]
+    longest = pi["T"].max()
+    assert pi[pi["T"] == longest].fraction.iloc[0] < exact[exact["T"] == longest].fraction.iloc[0]
+    # the bound is not vacuous: under π (no E[W] = 1), the same mask falls below the floor
+    assert pi[pi["T"] == longest].fraction.iloc[0] < floor
+
+
+def test_length_trap_pi_mass_equals_enumeration():
+    """π-mass = E_μ[W·1{kept}] and μ-samples = E_μ[1{kept}] by enumerating every sequence of the
+    token MDP (TokenMDP.support), for all three masks, at small T."""
+    from simkit.envs import TokenMDP
+
+    cfg = length_trap.Config(
+        V=3, kl_tok=0.3, c=2.0, lengths=(1, 2, 3, 5, 8), report_lengths=(2, 5, 8), mc_lengths=()
+    )
+    data = length_trap.compute(cfg)
+    pi_tok, mu_tok = length_trap._token_pair(cfg)
+    masks = length_trap.mask_mappings(cfg)
+    k = data.kept.set_index(["T", "mask", "measure"]).fraction
+    for T in cfg.lengths:
+        env = TokenMDP.iid(V=cfg.V, T=T, seed=cfg.seed, scale=cfg.scale)
+        np.testing.assert_allclose(env.pi[0, 0], pi_tok, rtol=0, atol=0)
+        support = env.support(np.broadcast_to(mu_tok, env.pi.shape))
+        assert len(support.prob) == cfg.V**T
+        log_w = support.log_ratio.sum(axis=1)
+        w = np.exp(log_w)
+        for mask, mapping in masks.items():
+            # kept = a non-zero coefficient of the registered mapping (every W > 0 here)
+            coef = mapping.coefficients(support.log_ratio, support.mask, np.ones(len(w)))
+            keep = coef[:, 0] != 0
+            np.testing.assert_array_equal(keep, length_trap.kept(mapping, log_w, T))
+            assert k[(T, mask, "pi_mass")] == pytest.approx(support.prob @ (w * keep), abs=1e-12)
+            assert k[(T, mask, "mu_samples")] == pytest.approx(support.prob @ keep, abs=1e-12)
+    # the one-sided mask at these sizes really does lose π-mass (the test is not vacuous)
+    assert k[(8, "mis_seq_one_sided", "pi_mass")] < 0.9
+
+
+def test_length_trap_monte_carlo_agrees_with_exact(length_trap_data):
+    k = length_trap_data.kept
+    n = length_trap_data.config.n_mc
+    exact = k[k.method == "exact"].set_index(["T", "mask", "measure"]).fraction
+    mc = k[k.method == "monte_carlo"]
+    assert len(mc) == len(length_trap_data.config.mc_lengths) * 6
+    index = list(zip(mc["T"], mc["mask"], mc.measure, strict=True))
+    truth = np.clip(exact.loc[index].to_numpy(), 0.0, 1.0)
+    se = np.sqrt(truth * (1 - truth) / n)
+    assert (np.abs(mc.fraction.to_numpy() - truth) <= Z * se + 1e-12).all()
+
+
+def test_length_trap_kept_handles_underflow():
+    m = length_trap.mask_mappings(length_trap.config(small=True))
+    log_w = np.array([-2000.0, 0.0, 2000.0])
+    np.testing.assert_array_equal(
+        length_trap.kept(m["mis_seq_one_sided"], log_w, 100), [True, True, False]
+    )
+    np.testing.assert_array_equal(
+        length_trap.kept(m["mis_seq_two_sided"], log_w, 100), [False, True, False]
+    )
+    np.testing.assert_array_equal(
+        length_trap.kept(m["geo_mask"], log_w, 10_000), [True, True, True]
+    )
 
 
 def test_length_trap_config_validation():
-    with pytest.raises(ValueError, match="rho_bars"):
-        length_trap.Config(rho_bars=(0.99,))
+    with pytest.raises(ValueError, match="kl_tok"):
+        length_trap.Config(kl_tok=0.0)
     with pytest.raises(ValueError, match="c "):
         length_trap.Config(c=1.0)
+    with pytest.raises(ValueError, match="two_sided"):
+        length_trap.Config(two_sided=(1.5, 3.0))
+    with pytest.raises(ValueError, match="report_lengths"):
+        length_trap.Config(lengths=(1, 2), report_lengths=(3,))
+    with pytest.raises(ValueError, match="V must"):
+        length_trap.Config(V=1)
 
 
 # --- gspo_length_conflation --------------------------------------------------------------------
