@@ -87,7 +87,8 @@ from simkit._validation import check_seed
 from simkit.envs.token_moments import dp_applies
 from simkit.envs.token_moments import moments as dp_moments
 from simkit.estimators import ORACLE_ADVANTAGES, PER_SAMPLE_ADVANTAGES, Estimator, as_estimator
-from simkit.mappings.psis import psis_khat
+from simkit.reliability import KHAT_MIN_DISTINCT as KHAT_MIN_DISTINCT  # re-exported
+from simkit.reliability import khat_of_weights
 
 #: metrics that carry ``*_lo``/``*_hi`` bounds on the Monte Carlo path
 BOUNDED_METRICS = ("bias", "bias_dir", "cosine", "variance", "mse", "snr", "ess")
@@ -143,45 +144,6 @@ def effective_sample_size(n: int, abs_mean: float, sq_mean: float) -> float:
     (E W = 1, E W² = 1 + χ²; reference sheet section F), for naive (c = 1) it is n.
     """
     return n * abs_mean**2 / sq_mean if sq_mean > 0 else 0.0
-
-
-#: fewest distinct values among the tail draws to which a Pareto tail is fitted
-KHAT_MIN_DISTINCT = 5
-
-
-def khat_of_weights(weights) -> float:
-    """Pareto-smoothed importance-sampling k̂ of non-negative ``weights`` (S,), or NaN.
-
-    Vehtari et al., "Pareto smoothed importance sampling", JMLR 2024: k̂ < 0.5 finite variance,
-    0.5–0.7 usable, > 0.7 unreliable. Delegates to :func:`simkit.mappings.psis.psis_khat` (on
-    log-weights; zero weights get the log-weight max − 1000, which PSIS treats exactly as a zero
-    and which stays out of the fitted tail unless fewer than the tail's M draws are positive).
-
-    NaN — never ±inf — where no Pareto tail can be fitted: every weight 0; fewer than 25 draws
-    (under 5 tail draws); or fewer than :data:`KHAT_MIN_DISTINCT` distinct values among the M
-    largest draws (a discrete support: a small bandit, or bounded weights whose tail is a few
-    atoms). On such supports a generalised-Pareto fit says nothing about a tail — it gave −inf,
-    +inf, 22.6 or −5.2 depending only on whether a rare atom happened to be drawn.
-    """
-    from simkit.mappings.psis import MIN_TAIL_DRAWS, psis_tail_length
-
-    w = np.asarray(weights, dtype=np.float64).ravel()
-    if w.size == 0 or np.any(w < 0) or not np.all(np.isfinite(w)):
-        raise ValueError("khat_of_weights needs a non-empty array of finite non-negative weights")
-    positive = w > 0
-    if not positive.any():
-        return math.nan
-    tail = psis_tail_length(w.size)
-    if tail < MIN_TAIL_DRAWS:
-        return math.nan
-    top = np.partition(w, w.size - tail)[w.size - tail :]
-    if np.unique(top).size < KHAT_MIN_DISTINCT:
-        return math.nan
-    log_w = np.empty_like(w)
-    log_w[positive] = np.log(w[positive])
-    log_w[~positive] = log_w[positive].max() - 1000.0
-    k = float(psis_khat(log_w))
-    return k if math.isfinite(k) else math.nan
 
 
 def _vectors(mean, grad_J):
