@@ -9,7 +9,7 @@ bandit with one arm at μ = 8e-4, n = 4, reps = 200, the variance intervals of s
 marked ``reliable = False`` when any of three checks fails:
 
 1. **Tail of the per-batch squared errors** (draws only). The PSIS Pareto k̂
-   (:func:`simkit.experiment.khat_of_weights`; Vehtari, Simpson, Gelman, Yao & Gabry, "Pareto
+   (:func:`khat_of_weights`; Vehtari, Simpson, Gelman, Yao & Gabry, "Pareto
    smoothed importance sampling", JMLR 25 (2024), §3 and §6) of x_r = ‖ĝ_r − ḡ‖² and of
    x_r = ‖ĝ_r − ∇J‖² over the reps. Their means are the variance and MSE estimates. k̂ > 0.5
    would say that the x_r have infinite variance (the central limit theorem behind the
@@ -51,9 +51,6 @@ import math
 
 import numpy as np
 
-from simkit.mappings.psis import MIN_TAIL_DRAWS as PSIS_MIN_TAIL_DRAWS
-from simkit.mappings.psis import psis_khat, psis_tail_length
-
 #: check 1: largest k̂ of the per-batch squared errors that still counts as reliable
 KHAT_MAX = 0.7
 #: check 2: largest share of Σ_r x_r one batch may carry
@@ -80,6 +77,8 @@ def khat_of_weights(weights) -> float:
     atoms). On such supports a generalised-Pareto fit says nothing about a tail — it gave −inf,
     +inf, 22.6 or −5.2 depending only on whether a rare atom happened to be drawn.
     """
+    from simkit.mappings.psis import MIN_TAIL_DRAWS, psis_khat, psis_tail_length
+
     w = np.asarray(weights, dtype=np.float64).ravel()
     if w.size == 0 or np.any(w < 0) or not np.all(np.isfinite(w)):
         raise ValueError("khat_of_weights needs a non-empty array of finite non-negative weights")
@@ -87,7 +86,7 @@ def khat_of_weights(weights) -> float:
     if not positive.any():
         return math.nan
     tail = psis_tail_length(w.size)
-    if tail < PSIS_MIN_TAIL_DRAWS:
+    if tail < MIN_TAIL_DRAWS:
         return math.nan
     top = np.partition(w, w.size - tail)[w.size - tail :]
     if np.unique(top).size < KHAT_MIN_DISTINCT:
