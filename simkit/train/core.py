@@ -707,6 +707,17 @@ def _prepare(out_dir: Path, description: dict) -> bool:
     return False
 
 
+def _check_rollout_memory(env: TokenMDP, config: TrainConfig) -> None:
+    """Refuse a rollout batch (batch × T tokens, kept for its N updates) that cannot fit."""
+    from simkit._memory import check_memory, sample_bytes
+
+    check_memory(
+        sample_bytes(1, config.batch, env.T),
+        f"a rollout batch of {config.batch} sequences of length T = {env.T}",
+        "batch (simkit train: --N x --minibatch-size)",
+    )
+
+
 def _check_out_dir(out: Path) -> None:
     from simkit._validation import check_output_dir
 
@@ -761,6 +772,7 @@ def train(
         raise ValueError(
             f"mismatch.spike_tokens = {config.mismatch.spike_tokens} must be < V = {env.V}"
         )
+    _check_rollout_memory(env, config)
 
     out = None if out_dir is None else Path(out_dir)
     if out is not None:
