@@ -8,7 +8,8 @@ Subcommands (each defined by an ``_add_<name>(subparsers)`` function registered 
 - ``simkit report DIR`` — merged table and standard plots of a sweep directory;
 - ``simkit figures [NAME …] [--out DIR] [--small]`` — regenerate figures and the gallery;
 - ``simkit info`` — versions of simkit and its dependencies, installed optional extras;
-- ``simkit list mappings|figures|shifts`` — what the registries contain.
+- ``simkit list mappings|figures|shifts`` — what the registries contain;
+- ``simkit schema [experiment|train]`` — the JSON Schema of a sweep config.
 
 ``main(argv)`` returns the exit status (0 success, 2 usage error) instead of exiting, so that it
 can be called from tests and notebooks.
@@ -31,7 +32,7 @@ from simkit.cli_errors import CLIError
 PROG = "simkit"
 
 #: core dependencies reported by ``simkit info`` (distribution names)
-CORE_PACKAGES = ("numpy", "scipy", "pandas", "matplotlib", "tqdm", "arviz-stats")
+CORE_PACKAGES = ("numpy", "scipy", "pandas", "matplotlib", "tqdm", "arviz-stats", "pydantic")
 #: optional extras: extra name -> distributions (import names are looked up by find_spec)
 OPTIONAL_PACKAGES = {
     "lm": ("torch", "transformers", "gguf"),
@@ -45,7 +46,7 @@ OPTIONAL_PACKAGES = {
         "ipywidgets",
         "nbmake",
     ),
-    "dev": ("pytest", "pytest-xdist", "hypothesis", "ruff"),
+    "dev": ("pytest", "pytest-xdist", "hypothesis", "ruff", "import-linter", "jsonschema"),
 }
 
 
@@ -404,6 +405,41 @@ def _run_report(args) -> int:
     return 0
 
 
+# --- schema ------------------------------------------------------------------------------------
+
+
+def _add_schema(subparsers) -> None:
+    p = subparsers.add_parser(
+        "schema",
+        help="the JSON Schema of a sweep config (for editors and validators)",
+        formatter_class=_Formatter,
+        description=(
+            "Print the JSON Schema of a TOML sweep configuration: 'experiment' (simkit run /\n"
+            "sweep) or 'train' (simkit train CONFIG). Point an editor's TOML extension at the\n"
+            "saved file to complete keys and check values as you type (README: editor setup)."
+        ),
+        epilog=(
+            "examples:\n"
+            "  simkit schema experiment > simkit-experiment.schema.json\n"
+            "  simkit schema train > simkit-train.schema.json\n"
+        ),
+    )
+    p.add_argument(
+        "kind", nargs="?", default="experiment", choices=("experiment", "train"),
+        help="config kind (default: experiment)",
+    )  # fmt: skip
+    p.set_defaults(func=_run_schema)
+
+
+def _run_schema(args) -> int:
+    import json
+
+    from simkit.config import json_schema
+
+    print(json.dumps(json_schema(args.kind), indent=2))
+    return 0
+
+
 # --- parser ------------------------------------------------------------------------------------
 
 
@@ -430,6 +466,7 @@ SUBCOMMANDS: dict[str, Callable] = {
     "figures": _add_figures,
     "info": _add_info,
     "list": _add_list,
+    "schema": _add_schema,
 }
 
 

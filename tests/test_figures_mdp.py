@@ -390,9 +390,14 @@ def test_mse_vs_T_data(mse_vs_T_data):
     cfg, data = mse_vs_T_data
     exact = data[data.exact]
     mc = data[~data.exact]
-    assert len(exact) == len(cfg.mapping_names) * len(cfg.exact_lengths)
+    dp_names = mse_vs_T.dp_mappings(cfg.mapping_names)
+    assert set(dp_names) == {"naive", "is_token", "is_seq", "ppo_clip"}  # not tis_seq, vespo
+    n_exact = len(cfg.mapping_names) * len(cfg.exact_lengths) + len(dp_names) * len(cfg.dp_lengths)
+    assert len(exact) == n_exact
     assert len(mc) == len(cfg.mapping_names) * len(cfg.mc_lengths)
-    assert set(exact.method) == {"enumeration"} and set(mc.method) == {"monte_carlo"}
+    assert set(exact.method) == {"enumeration", "dp"} and set(mc.method) == {"monte_carlo"}
+    assert (exact[exact.method == "dp"]["T"] > 12).all()  # beyond V^T = 2^12 sequences
+    assert mc.reliable.isin([True, False]).all() and exact.reliable.all()
     assert np.isfinite(data[["bias", "variance", "mse", "cosine"]]).all().all()
     np.testing.assert_allclose(exact.mse, exact.bias**2 + exact.variance, rtol=1e-9)
     # every state dialed to the same χ²: the occupancy average is that χ², and
@@ -413,12 +418,12 @@ def test_mse_vs_T_monte_carlo_agrees_with_enumeration(mse_vs_T_data):
     """Where a T has both paths, the MC estimate is within Z·SE of the exact value; SE from
     the same draws: the half-width of the 95% bootstrap interval / 1.96."""
     cfg, data = mse_vs_T_data
-    both = sorted(set(cfg.exact_lengths) & set(cfg.mc_lengths))
-    assert both, "the small config must have a T computed both ways"
+    both = sorted(set(cfg.exact_lengths + cfg.dp_lengths) & set(cfg.mc_lengths))
+    assert len(both) >= 2, "the small config must have T computed both ways (enum and DP)"
     for T in both:
         at = data[data["T"] == T]
         exact = at[at.exact].set_index("mapping")
-        mc = at[~at.exact].set_index("mapping")
+        mc = at[~at.exact].set_index("mapping").loc[exact.index]
         for key in ("mse", "variance"):
             se = (mc[f"{key}_hi"] - mc[f"{key}_lo"]) / (2 * 1.96)
             assert (se > 0).all()
@@ -426,10 +431,28 @@ def test_mse_vs_T_monte_carlo_agrees_with_enumeration(mse_vs_T_data):
             assert (err <= Z * se).all(), (T, key, (err / se).to_dict())
 
 
+def test_mse_vs_T_claims_follow_the_data(mse_vs_T_data):
+    """The sentence under the figure is the first T where is_seq's exact MSE tops every
+    token-level mapping; recomputed here by hand from the rows."""
+    _, data = mse_vs_T_data
+    found = mse_vs_T.crossing(data)
+    assert found is not None
+    T = found[0]
+    exact = data[data.exact]
+    token = ["naive", "is_token", "ppo_clip"]
+    for t in sorted(exact["T"].unique()):
+        at = exact[exact["T"] == t].set_index("mapping")
+        above = at.loc["is_seq", "mse"] > at.loc[token, "mse"].max()
+        if t <= T:
+            assert above == (t == T), (t, T)
+    assert f"at T = {T}" in data.attrs["claims"][0]
+
+
 def test_mse_vs_T_monte_carlo_can_fail():
     """The comparison above detects a wrong truth: a 30% larger MSE is far outside Z·SE."""
     cfg = mse_vs_T.Config(
         exact_lengths=(6,),
+        dp_lengths=(),
         mc_lengths=(6,),
         mc_reps=400,
         n_boot=100,
@@ -445,11 +468,12 @@ def test_mse_vs_T_monte_carlo_can_fail():
 def test_mse_vs_T_config_validation():
     with pytest.raises(ValueError, match="exact_lengths"):
         mse_vs_T.Config(exact_lengths=(20,))
-    with pytest.raises(ValueError, match="both empty"):
-        mse_vs_T.Config(exact_lengths=(), mc_lengths=())
+    with pytest.raises(ValueError, match="all empty"):
+        mse_vs_T.Config(exact_lengths=(), dp_lengths=(), mc_lengths=())
     with pytest.raises(ValueError, match="mc_reps"):
         mse_vs_T.Config(mc_reps=1)
-    assert mse_vs_T.Config(exact_lengths=(1, 4), mc_lengths=(4, 32)).lengths == (1, 4, 32)
+    cfg = mse_vs_T.Config(exact_lengths=(1, 4), dp_lengths=(64,), mc_lengths=(4, 32))
+    assert cfg.lengths == (1, 4, 32, 64)
 
 
 def test_dialed_behaviour_equals_the_row_by_row_dial():
@@ -478,24 +502,27 @@ def test_token_bias_vs_T_data(token_bias_data):
     cfg, data = token_bias_data
     assert set(data.mapping) == set(token_bias_vs_T.MAPPINGS)
     assert set(data.env) == set(cfg.envs)
-    assert len(data) == len(cfg.envs) * len(cfg.lengths) * len(token_bias_vs_T.MAPPINGS)
+    assert set(data.params) == set(cfg.params) == {"untied", "tied"}
+    n_rows = len(cfg.envs) * len(cfg.lengths) * len(token_bias_vs_T.MAPPINGS) * len(cfg.params)
+    assert len(data) == n_rows
     assert np.isfinite(data[["bias", "bound_shape", "delta_max", "grad_norm"]]).all().all()
     np.testing.assert_allclose(data.chi2_tok, cfg.chi2_tok, rtol=1e-7)
     np.testing.assert_allclose(data.relative_bias, data.bias / data.grad_norm, rtol=1e-12)
-    for kind in cfg.envs:
-        part = data[data.env == kind]
-        token = part[part.mapping == "is_token"].set_index("T").sort_index()
-        # one token: token IS is sequence IS, unbiased; longer: biased through the states
-        assert token.bias.loc[1] < 1e-12
-        assert (token.bias.loc[2:] > 1e-4).all()
-        # the shape is K·T²·Δ_max (theory.token_is_bias_bound_shape) matched at the anchor T
-        anchor = data.attrs["anchor_T"][kind]
-        assert anchor == 2
-        assert token.bound_shape.loc[anchor] == pytest.approx(token.bias.loc[anchor], rel=1e-12)
-        ratio = token.bound_shape / (token.index.to_numpy() ** 2 * token.delta_max)
-        np.testing.assert_allclose(ratio, ratio.iloc[0], rtol=1e-12)
-        # observed on these settings: beyond the anchor the bias stays below the T² shape
-        assert (token.bias.loc[anchor:] <= token.bound_shape.loc[anchor:] * (1 + 1e-12)).all()
+    for params in cfg.params:
+        for kind in cfg.envs:
+            part = data[(data.env == kind) & (data.params == params)]
+            token = part[part.mapping == "is_token"].set_index("T").sort_index()
+            # one token: token IS is sequence IS, unbiased; longer: biased through the states
+            assert token.bias.loc[1] < 1e-12
+            assert (token.bias.loc[2:] > 1e-4).all()
+            # the shape is K·T²·Δ_max (theory.token_is_bias_bound_shape) matched at the anchor
+            anchor = data.attrs["anchor_T"][params, kind]
+            assert anchor == 2
+            assert token.bound_shape.loc[anchor] == pytest.approx(token.bias.loc[anchor], rel=1e-12)
+            ratio = token.bound_shape / (token.index.to_numpy() ** 2 * token.delta_max)
+            np.testing.assert_allclose(ratio, ratio.iloc[0], rtol=1e-12)
+            # observed on these settings: beyond the anchor the bias stays below the T² shape
+            assert (token.bias.loc[anchor:] <= token.bound_shape.loc[anchor:] * (1 + 1e-12)).all()
     # sequence IS: 0 by enumeration where V^T is within the budget, by theory beyond
     is_seq = data[data.mapping == "is_seq"]
     enumerable = cfg.V ** is_seq["T"] <= 2**cfg.enum_max_log2
@@ -505,24 +532,46 @@ def test_token_bias_vs_T_data(token_bias_data):
 
 
 def test_token_bias_vs_T_dp_equals_enumeration(token_bias_data):
-    """The DP bias (exact_token_level_mean) equals experiment.run's enumeration to 1e-10."""
+    """The DP bias (exact_token_level_mean, tied: summed blocks) equals experiment.run's
+    enumeration (params='untied' and 'tied') to 1e-10."""
     cfg, data = token_bias_data
     token = data[data.mapping.isin(token_bias_vs_T.TOKEN_MAPPINGS)]
     both = token[token.bias_enum.notna()]
-    assert len(both) >= 2 * len(token_bias_vs_T.TOKEN_MAPPINGS) * len(cfg.envs)
+    n_min = 2 * len(token_bias_vs_T.TOKEN_MAPPINGS) * len(cfg.envs) * len(cfg.params)
+    assert len(both) >= n_min
     np.testing.assert_allclose(both.bias, both.bias_enum, rtol=0, atol=1e-10)
     assert token[cfg.V ** token["T"] > 2**cfg.enum_max_log2].bias_enum.isna().all()
 
 
 def test_token_bias_vs_T_majority_bias_grows_relative_to_grad_J():
-    """The point of panel (b)/(c): on the majority vote token IS's bias grows relative to ∇J
-    with T (a whole-sequence reward), while on answer_correct it has saturated by T = 16."""
-    cfg = token_bias_vs_T.Config(lengths=(16, 64, 128))
+    """The point of the majority panels: token IS's bias grows relative to ∇J with T (a
+    whole-sequence reward), while on answer_correct it has saturated by T = 16."""
+    cfg = token_bias_vs_T.Config(lengths=(16, 64, 128), params=("untied",))
     data = token_bias_vs_T.compute(cfg).set_index(["env", "mapping", "T"]).sort_index()
     majority = data.loc[("at_least_k", "is_token")].relative_bias
     assert majority.is_monotonic_increasing and majority.loc[128] > 2 * majority.loc[16]
     last = data.loc[("answer_correct", "is_token")].bias
     np.testing.assert_allclose(last, last.loc[16], rtol=1e-6)
+
+
+def test_token_bias_vs_T_growth_laws_follow_the_data():
+    """The sentences under the figure are fitted slopes; these are the laws they state on the
+    default setting (oracle baseline J(μ)). If the data stop supporting them, this fails."""
+    cfg = token_bias_vs_T.Config(lengths=(32, 64, 128, 256))
+    data = token_bias_vs_T.compute(cfg)
+    laws = token_bias_vs_T.growth_laws(data).set_index(["params", "env", "mapping"]).law
+    assert laws["untied", "answer_correct", "naive"] == "saturates (flat)"
+    assert laws["untied", "answer_correct", "is_token"] == "saturates (flat)"
+    assert laws["untied", "answer_correct", "ppo_clip"] == "grows like √T"
+    assert laws["untied", "at_least_k", "ppo_clip"] == "saturates (flat)"
+    assert laws["tied", "answer_correct", "ppo_clip"] == "grows ∝ T"
+    assert laws["tied", "answer_correct", "is_token"] == "saturates (flat)"
+    text = " ".join(token_bias_vs_T.claims(data))
+    assert "No measured curve reaches the T² growth" in text
+    # and the words follow the slope (so a different slope gives a different sentence)
+    assert token_bias_vs_T.growth_word(0.0) == "saturates (flat)"
+    assert token_bias_vs_T.growth_word(2.0) == "grows like T²"
+    assert token_bias_vs_T.growth_word(0.25) == "grows like T^0.25"
 
 
 def test_token_bias_vs_T_config_validation():
