@@ -558,7 +558,7 @@ def test_string_and_complex_arrays_are_named():
     [
         (["--N", "0"], "--N must be an integer >= 1, got 0", "TrainConfig"),
         (["--minibatch-size", "0"], "--minibatch-size", "TrainConfig"),
-        (["--env", "markovv"], "--env: unknown TokenMDP constructor 'markovv'", "--constructor"),
+        (["--env", "markovv"], "--env: unknown value 'markovv'", "--constructor"),
         (["--env-seed", "-1"], "--env-seed", "--seed:"),
         (["--seed", "-2"], "--seed must be an integer >= 0, got -2", "SeedSequence"),
     ],

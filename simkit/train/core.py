@@ -41,7 +41,12 @@ the batch columns (ESS, zero-coefficient fraction, gradient norm, rewards) every
 parquet chunks of ``chunk_steps`` rows and a checkpoint (θ, optimizer state, RNG states, the
 policy versions kept for the lag, the in-flight rollout) is saved atomically after each chunk;
 running the same call again resumes from the checkpoint and produces bit for bit the table of an
-uninterrupted run.
+uninterrupted run. The previous checkpoint is kept: a damaged checkpoint or chunk (a careless
+disk) is named in a ``RuntimeWarning`` and the run resumes from the last intact one, or restarts.
+
+Long module, not split: the run loop and its checkpoints share the run's private state
+(``_State``, ``_Rollout``); a separate checkpoint module would import the loop's types and the
+loop its functions (a cycle).
 """
 
 from __future__ import annotations
