@@ -26,6 +26,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from simkit.cli_errors import CLIError
 
@@ -66,7 +67,11 @@ def _add_figures(subparsers) -> None:
             "Compute and draw figures, writing <out>/<name>.png and <out>/<name>.pdf\n"
             "(byte-for-byte reproducible) and regenerating <out>/README.md, the gallery.\n"
             "Without names every figure is made. --small (or SIMKIT_SMALL=1) uses reduced\n"
-            "sizes: fast, for tests and quick looks. 'simkit list figures' lists the names."
+            "sizes: fast, for tests and quick looks. 'simkit list figures' lists the names.\n"
+            "Each figure's data is cached under a hash of its config and of the code it\n"
+            "imports (.simkit-cache/ or $SIMKIT_CACHE_DIR): an unchanged figure is copied from\n"
+            "the cache, a changed one recomputed; --force recomputes all. Figures run in\n"
+            "parallel; <out>/MANIFEST.json records what each file was made from."
         ),
         epilog=(
             "examples:\n"
@@ -79,6 +84,22 @@ def _add_figures(subparsers) -> None:
         "--out", default="figures", metavar="DIR", help="output directory (default: %(default)s)"
     )
     p.add_argument("--small", action="store_true", help="reduced sizes (fast)")
+    p.add_argument(
+        "--force", action="store_true", help="ignore the cache: recompute every figure's data"
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="worker processes (default: the CPUs available; 1: in this process)",
+    )
+    p.add_argument(
+        "--cache-dir",
+        default=None,
+        metavar="DIR",
+        help="figure-data cache (default: $SIMKIT_CACHE_DIR or .simkit-cache)",
+    )
     p.set_defaults(func=_run_figures)
 
 
@@ -92,18 +113,25 @@ def _run_figures(args) -> int:
             f"unknown figure(s) {', '.join(map(repr, unknown))}; "
             f"available figures: {', '.join(figures.available())}"
         )
-    total = len(names)
-    for i, name in enumerate(names, 1):
-        print(f"[{i}/{total}] {name} ...", end=" ", file=sys.stderr, flush=True)
-        start = time.perf_counter()
-        paths = figures.render(name, args.out, small=args.small)
-        print(
-            f"done in {time.perf_counter() - start:.1f} s -> " + ", ".join(str(p) for p in paths),
-            file=sys.stderr,
-            flush=True,
-        )
-    gallery = figures.write_gallery(args.out)
-    print(f"gallery: {gallery}", file=sys.stderr)
+    if args.jobs is not None and args.jobs < 1:
+        raise CLIError(f"--jobs must be at least 1, got {args.jobs}")
+    start = time.perf_counter()
+    results = figures.build(
+        names,
+        args.out,
+        small=args.small,
+        force=args.force,
+        jobs=args.jobs,
+        cache_dir=args.cache_dir,
+    )
+    counts = {s: sum(r.status == s for r in results) for s in ("computed", "redrawn", "cached")}
+    print(
+        f"{len(results)} figure(s) in {time.perf_counter() - start:.1f} s "
+        f"({counts['computed']} computed, {counts['redrawn']} redrawn from cached data, "
+        f"{counts['cached']} from the cache); gallery: {Path(args.out) / 'README.md'}, "
+        f"manifest: {Path(args.out) / 'MANIFEST.json'}",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -81,13 +81,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from simkit import reliability
+from simkit import legs, reliability
 from simkit._memory import check_samples
 from simkit._validation import check_seed
 from simkit.envs.token_moments import dp_applies
 from simkit.envs.token_moments import moments as dp_moments
 from simkit.estimators import ORACLE_ADVANTAGES, PER_SAMPLE_ADVANTAGES, Estimator, as_estimator
-from simkit.mappings.psis import psis_khat
+from simkit.reliability import KHAT_MIN_DISTINCT, khat_of_weights  # noqa: F401 (public here too)
 
 #: metrics that carry ``*_lo``/``*_hi`` bounds on the Monte Carlo path
 BOUNDED_METRICS = ("bias", "bias_dir", "cosine", "variance", "mse", "snr", "ess")
@@ -145,45 +145,6 @@ def effective_sample_size(n: int, abs_mean: float, sq_mean: float) -> float:
     return n * abs_mean**2 / sq_mean if sq_mean > 0 else 0.0
 
 
-#: fewest distinct values among the tail draws to which a Pareto tail is fitted
-KHAT_MIN_DISTINCT = 5
-
-
-def khat_of_weights(weights) -> float:
-    """Pareto-smoothed importance-sampling k̂ of non-negative ``weights`` (S,), or NaN.
-
-    Vehtari et al., "Pareto smoothed importance sampling", JMLR 2024: k̂ < 0.5 finite variance,
-    0.5–0.7 usable, > 0.7 unreliable. Delegates to :func:`simkit.mappings.psis.psis_khat` (on
-    log-weights; zero weights get the log-weight max − 1000, which PSIS treats exactly as a zero
-    and which stays out of the fitted tail unless fewer than the tail's M draws are positive).
-
-    NaN — never ±inf — where no Pareto tail can be fitted: every weight 0; fewer than 25 draws
-    (under 5 tail draws); or fewer than :data:`KHAT_MIN_DISTINCT` distinct values among the M
-    largest draws (a discrete support: a small bandit, or bounded weights whose tail is a few
-    atoms). On such supports a generalised-Pareto fit says nothing about a tail — it gave −inf,
-    +inf, 22.6 or −5.2 depending only on whether a rare atom happened to be drawn.
-    """
-    from simkit.mappings.psis import MIN_TAIL_DRAWS, psis_tail_length
-
-    w = np.asarray(weights, dtype=np.float64).ravel()
-    if w.size == 0 or np.any(w < 0) or not np.all(np.isfinite(w)):
-        raise ValueError("khat_of_weights needs a non-empty array of finite non-negative weights")
-    positive = w > 0
-    if not positive.any():
-        return math.nan
-    tail = psis_tail_length(w.size)
-    if tail < MIN_TAIL_DRAWS:
-        return math.nan
-    top = np.partition(w, w.size - tail)[w.size - tail :]
-    if np.unique(top).size < KHAT_MIN_DISTINCT:
-        return math.nan
-    log_w = np.empty_like(w)
-    log_w[positive] = np.log(w[positive])
-    log_w[~positive] = log_w[positive].max() - 1000.0
-    k = float(psis_khat(log_w))
-    return k if math.isfinite(k) else math.nan
-
-
 def _vectors(mean, grad_J):
     mean = np.asarray(mean, dtype=np.float64)
     grad_J = np.asarray(grad_J, dtype=np.float64)
@@ -208,7 +169,9 @@ class ExactMoments:
     ess: float
 
 
-def exact_moments(env, behaviour, estimator, n: int, params: str = "untied") -> ExactMoments:
+def exact_moments(
+    env, behaviour, estimator, n: int, params: str = "untied", old=None
+) -> ExactMoments:
     """E ĝ, Var ĝ and ESS of an n-sample estimator by enumeration of the support (exact).
 
     Needs an exact path (:func:`has_exact_path`: a per-sample estimator, a deterministic Z and
@@ -234,6 +197,10 @@ def exact_moments(env, behaviour, estimator, n: int, params: str = "untied") -> 
     own D = T·P·V parameters); ``"tied"`` — one table shared by every position, whose gradient
     is the sum of the per-position blocks (:func:`tie`): E h and ∇J are summed over positions
     and ‖h‖² is taken of the summed per-atom vector (cross-position terms included).
+
+    ``old``: π_old (shape of ``behaviour``; None: π_old = π) for a composed estimator
+    (:mod:`simkit.composition`): each atom's o_t = log π_old − log μ (:mod:`simkit.legs`) is
+    known, so the exact path is unchanged.
     """
     est = as_estimator(estimator)
     params = _check_params(params)
@@ -243,19 +210,25 @@ def exact_moments(env, behaviour, estimator, n: int, params: str = "untied") -> 
         raise ValueError(f"estimator {est.name!r} {kind}: {why}")
     est.check_batch_size(n)
     mu = env.check_policy(behaviour, "behaviour")
-    if not _enumerable(env):  # beyond enumeration: the moment DP (untied parameters)
+    if not _enumerable(env):  # beyond enumeration: the moment DP (untied parameters, π_old = π)
+        if old is not None:
+            raise ValueError(
+                "old (π_old) is not supported beyond enumeration: the moment DP handles one "
+                f"ratio π/μ; the environment has {env.n_sequences} sequences"
+            )
         return _dp_moments(env, mu, est, n)
     baseline = oracle_baseline(env, mu, est)
     atoms = env.support(mu, baseline)
     mask = np.asarray(atoms.mask, dtype=bool)  # (M, T)
-    c = est.mapping.coefficients(atoms.log_ratio, mask, atoms.advantage_sign)
+    old_lr = _old_log_ratio(env, old, mu, atoms)
+    c = est.coefficients(atoms.log_ratio, mask, atoms.advantage_sign, old_log_ratio=old_lr)
     bad = int(np.count_nonzero(~np.isfinite(c[mask])))
     if bad:
         raise ValueError(
             f"estimator {est.name!r}: mapping {est.mapping.name!r} returned non-finite "
             f"coefficients (NaN/inf) on {bad} tokens of the support"
         )
-    per_token = c * est.aggregation_weights(mask[:, None, :])[:, 0, :]  # c_t·a_t, (M, T)
+    per_token = c * _atom_weights(est, atoms, mask, old_lr)  # c_t·a_t, (M, T)
     first = env.accumulate(atoms.actions, per_token * atoms.adv_first[:, None])  # E h, (D,)
     if params == "tied":
         first = tie(first, env.T)
@@ -269,6 +242,24 @@ def exact_moments(env, behaviour, estimator, n: int, params: str = "untied") -> 
     )
     ess = ess / mean_length if mean_length > 0 else 0.0
     return ExactMoments(mean=first, variance=var_one / n, ess=ess)
+
+
+def _old_log_ratio(env, old, mu, draws):
+    """o = log π_old − log μ on the tokens of a batch or support (None without ``old``)."""
+    if old is None:
+        return None
+    states = getattr(draws, "states", None)
+    return legs.old_log_ratio(env, old, mu, draws.actions, draws.mask, states)
+
+
+def _atom_weights(est, atoms, mask, old_lr) -> np.ndarray:
+    """a_t = n/Z_i of each atom seen as a batch of one, (M, T) (``denominator`` included)."""
+    return est.kept_weights(
+        atoms.log_ratio[:, None, :],
+        mask[:, None, :],
+        atoms.advantage_sign[:, None],
+        None if old_lr is None else old_lr[:, None, :],
+    )[:, 0, :]
 
 
 def oracle_baseline(env, mu, estimator) -> float:
@@ -360,15 +351,23 @@ class MonteCarloDraws:
     mask: np.ndarray
 
 
-def sample_gradients(env, batch, estimator) -> MonteCarloDraws:
+def sample_gradients(env, batch, estimator, old_log_ratio=None, rng=None) -> MonteCarloDraws:
     """ĝ_r = ``env.accumulate(actions_r, λ_r)`` for every batch r of ``batch`` (reps, n, …).
 
-    Raises ``ValueError`` naming the estimator if its mapping returns a non-finite coefficient.
+    ``old_log_ratio`` (reps, n, T): log π_old − log μ of the drawn tokens (composed
+    estimators); ``rng``: the Generator of a stochastic mapping. Raises ``ValueError`` naming
+    the estimator if its mapping returns a non-finite coefficient.
     """
     est = as_estimator(estimator)
     b = est.baseline(batch.J, batch.J_mu) if est.advantage in ORACLE_ADVANTAGES else None
     lam, c = est.token_weights(
-        batch.log_ratio, batch.mask, batch.rewards, b, return_coefficients=True
+        batch.log_ratio,
+        batch.mask,
+        batch.rewards,
+        b,
+        return_coefficients=True,
+        old_log_ratio=old_log_ratio,
+        rng=rng,
     )
     mask = np.asarray(batch.mask, dtype=bool)
     bad = int(np.count_nonzero(~np.isfinite(c[mask])))
@@ -539,6 +538,7 @@ def _why_not_exact(est: Estimator, env=None, params: str = "untied") -> str:
         reasons.append(f"mapping {est.mapping.name!r} is batch dependent")
     if est.advantage not in PER_SAMPLE_ADVANTAGES:
         reasons.append(f"advantage {est.advantage!r} couples the samples of a group")
+    reasons.extend(est.exact_obstacles())
     if env is not None:
         if est.aggregation == "token-mean" and not getattr(env, "fixed_length", True):
             reasons.append(
@@ -546,11 +546,12 @@ def _why_not_exact(est: Estimator, env=None, params: str = "untied") -> str:
                 "is random when lengths vary (eos)"
             )
         if not reasons and not _enumerable(env):
-            why_dp = (
-                "the moment DP is for untied parameters"
-                if params != "untied"
-                else dp_applies(env, est.mapping, est.aggregation)
-            )
+            if params != "untied":
+                why_dp = "the moment DP is for untied parameters"
+            elif est.correction is not None or est.denominator != "valid":
+                why_dp = "the moment DP handles one ratio π/μ (no correction, denominator 'valid')"
+            else:
+                why_dp = dp_applies(env, est.mapping, est.aggregation)
             if why_dp:
                 reasons.append(
                     f"the environment has {env.n_sequences} sequences, more than the enumeration "
@@ -568,6 +569,10 @@ def _enumerable(env) -> bool:
 
 _RESERVED = (
     "estimator",
+    "correction",
+    "mode",
+    "denominator",
+    *legs.LEG_COLUMNS,
     "mapping",
     "aggregation",
     "advantage",
@@ -601,6 +606,7 @@ def run(
     n_boot: int = 1000,
     progress: bool | None = None,
     params: str = "untied",
+    old=None,
 ) -> pd.DataFrame:
     """Bias / variance table of ``estimators`` for n-sample batches drawn from ``behaviour``.
 
@@ -623,6 +629,11 @@ def run(
         environment's D) or ``"tied"`` (w.r.t. one table shared by every position: every
         gradient — ĝ_r, E ĝ, ∇J — is the sum of its per-position blocks, :func:`tie`). The
         bandit has T = 1, where both are the same. Recorded in the ``params`` column.
+    old : π_old's distribution (the shape of ``behaviour``), optional. Default None: π_old = π
+        (no staleness; every table as without this argument). Composed estimators (an
+        ``Estimator`` with a ``correction``) then see both legs, exactly wherever the path is
+        exact; estimators without a correction ignore it. Adds the columns
+        :data:`simkit.legs.LEG_COLUMNS` (χ²/KL of π‖π_old and π_old‖μ).
 
     Returns
     -------
@@ -668,10 +679,16 @@ def run(
                 + ". Use exact='auto' to run them by Monte Carlo."
             )
     use_exact = [exact is not False and not _why_not_exact(e, env, params) for e in ests]
+    if old is not None and not _enumerable(env):  # the moment DP has no π_old leg
+        use_exact = [False] * len(ests)
 
     check_samples(reps, n, env.T)  # the batches are drawn at once: refuse what cannot fit
-    draw_ss, boot_ss = np.random.SeedSequence(check_seed(seed)).spawn(2)
+    old_p = None if old is None else legs.check_old(env, old)
+    # a third child for stochastic mappings (children 0 and 1 are those of spawn(2))
+    draw_ss, boot_ss, coef_ss = np.random.SeedSequence(check_seed(seed)).spawn(3)
     batch = env.sample(mu, n, np.random.default_rng(draw_ss), reps=reps)
+    old_lr = _old_log_ratio(env, old_p, mu, batch)
+    leg_columns = {} if old_p is None else legs.leg_divergences(env, old_p, mu)
     boot_weights = None
     if not all(use_exact):
         boot_weights = _bootstrap_weights(reps, n_boot, np.random.default_rng(boot_ss))
@@ -687,11 +704,11 @@ def run(
 
     rows = []
     for est, is_exact in tqdm(list(zip(ests, use_exact)), desc="estimators", disable=not progress):
-        draws = sample_gradients(env, batch, est)
+        draws = sample_gradients(env, batch, est, old_lr, np.random.default_rng(coef_ss))
         if params == "tied":
             draws = MonteCarloDraws(tie(draws.gradients, env.T), draws.coefficients, draws.mask)
         if is_exact:
-            metrics = exact_metrics(exact_moments(env, mu, est, n, params), grad_J)
+            metrics = exact_metrics(exact_moments(env, mu, est, n, params, old=old_p), grad_J)
             trusted, nu = True, math.nan
         else:
             metrics = monte_carlo_metrics(draws, grad_J, n, boot_weights, level)
@@ -706,6 +723,7 @@ def run(
                 "n": n,
                 "reps": reps,
                 **divergences,
+                **leg_columns,
                 **metrics,
                 "khat": khat_of_weights(coeff),
                 "exact": is_exact,
@@ -749,7 +767,18 @@ def _describe(est: Estimator) -> dict:
         "adv_eps": est.adv_eps if est.advantage == "grpo" else math.nan,
         "max_length": est.max_length if est.max_length is not None else math.nan,
         **{("hp_" + k if k in _RESERVED else k): v for k, v in est.mapping.hyperparameters.items()},
+        **_describe_composition(est),
     }
+
+
+def _describe_composition(est: Estimator) -> dict:
+    """``correction``, ``mode``, ``denominator`` columns, only for estimators that use them."""
+    out = {}
+    if est.correction is not None:
+        out.update(correction=est.correction.label, mode=est.mode)
+    if est.denominator != "valid":
+        out["denominator"] = est.denominator
+    return out
 
 
 def _tidy(rows: list[dict], ests: list[Estimator], setting_cols: list[str]) -> pd.DataFrame:
@@ -771,8 +800,11 @@ def _tidy(rows: list[dict], ests: list[Estimator], setting_cols: list[str]) -> p
     metric_cols = []
     for key in BOUNDED_METRICS:
         metric_cols += [key, f"{key}_lo", f"{key}_hi"]
+    present = {k for row in rows for k in row}
+    composition_cols = [k for k in ("correction", "mode", "denominator") if k in present]
     cols = [
         *head,
+        *composition_cols,
         *hp_cols,
         *setting_cols,
         "T",
@@ -780,6 +812,7 @@ def _tidy(rows: list[dict], ests: list[Estimator], setting_cols: list[str]) -> p
         "n",
         "reps",
         *DIVERGENCE_COLUMNS,
+        *[k for k in legs.LEG_COLUMNS if k in present],
         *metric_cols,
         "khat",
         "exact",

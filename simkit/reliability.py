@@ -9,7 +9,7 @@ bandit with one arm at μ = 8e-4, n = 4, reps = 200, the variance intervals of s
 marked ``reliable = False`` when any of three checks fails:
 
 1. **Tail of the per-batch squared errors** (draws only). The PSIS Pareto k̂
-   (:func:`simkit.experiment.khat_of_weights`; Vehtari, Simpson, Gelman, Yao & Gabry, "Pareto
+   (:func:`khat_of_weights`; Vehtari, Simpson, Gelman, Yao & Gabry, "Pareto
    smoothed importance sampling", JMLR 25 (2024), §3 and §6) of x_r = ‖ĝ_r − ḡ‖² and of
    x_r = ‖ĝ_r − ∇J‖² over the reps. Their means are the variance and MSE estimates. k̂ > 0.5
    would say that the x_r have infinite variance (the central limit theorem behind the
@@ -57,6 +57,45 @@ KHAT_MAX = 0.7
 MAX_SHARE = 0.5
 #: check 3: fewest expected draws in the tail that carries E c̄²
 MIN_TAIL_DRAWS = 10.0
+
+
+#: fewest distinct values among the tail draws to which a Pareto tail is fitted
+KHAT_MIN_DISTINCT = 5
+
+
+def khat_of_weights(weights) -> float:
+    """Pareto-smoothed importance-sampling k̂ of non-negative ``weights`` (S,), or NaN.
+
+    Vehtari et al., "Pareto smoothed importance sampling", JMLR 2024: k̂ < 0.5 finite variance,
+    0.5–0.7 usable, > 0.7 unreliable. Delegates to :func:`simkit.mappings.psis.psis_khat` (on
+    log-weights; zero weights get the log-weight max − 1000, which PSIS treats exactly as a zero
+    and which stays out of the fitted tail unless fewer than the tail's M draws are positive).
+
+    NaN — never ±inf — where no Pareto tail can be fitted: every weight 0; fewer than 25 draws
+    (under 5 tail draws); or fewer than :data:`KHAT_MIN_DISTINCT` distinct values among the M
+    largest draws (a discrete support: a small bandit, or bounded weights whose tail is a few
+    atoms). On such supports a generalised-Pareto fit says nothing about a tail — it gave −inf,
+    +inf, 22.6 or −5.2 depending only on whether a rare atom happened to be drawn.
+    """
+    from simkit.mappings.psis import MIN_TAIL_DRAWS, psis_khat, psis_tail_length
+
+    w = np.asarray(weights, dtype=np.float64).ravel()
+    if w.size == 0 or np.any(w < 0) or not np.all(np.isfinite(w)):
+        raise ValueError("khat_of_weights needs a non-empty array of finite non-negative weights")
+    positive = w > 0
+    if not positive.any():
+        return math.nan
+    tail = psis_tail_length(w.size)
+    if tail < MIN_TAIL_DRAWS:
+        return math.nan
+    top = np.partition(w, w.size - tail)[w.size - tail :]
+    if np.unique(top).size < KHAT_MIN_DISTINCT:
+        return math.nan
+    log_w = np.empty_like(w)
+    log_w[positive] = np.log(w[positive])
+    log_w[~positive] = log_w[positive].max() - 1000.0
+    k = float(psis_khat(log_w))
+    return k if math.isfinite(k) else math.nan
 
 
 def tail_draws(env, mu, estimator, n_draws: int, baseline: float) -> float:
@@ -110,8 +149,6 @@ def draw_checks(dev_sq: np.ndarray, err_sq: np.ndarray) -> tuple[float, float]:
     ``dev_sq`` = ‖ĝ_r − ḡ‖², ``err_sq`` = ‖ĝ_r − ∇J‖², both (reps,). The larger value of the
     two series is returned for each check.
     """
-    from simkit.experiment import khat_of_weights
-
     khats, shares = [], []
     for x in (dev_sq, err_sq):
         x = np.asarray(x, dtype=np.float64)

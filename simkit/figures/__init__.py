@@ -8,10 +8,13 @@ Every figure module exposes
 - ``compute(config) -> data`` — pure numpy/pandas, deterministic (seeded), tested;
 - ``draw(data) -> matplotlib.figure.Figure`` — thin, no computation, no pyplot state.
 
-``render(name, out_dir, small=False)`` writes ``<name>.png`` and ``<name>.pdf`` byte-for-byte
-reproducibly (fixed dpi, no creation date / software stamp, Agg canvas), and
-``write_gallery(out_dir)`` regenerates ``out_dir/README.md`` with one line per figure.
-The environment variable ``SIMKIT_SMALL=1`` forces small sizes.
+``render(name, out_dir, small=False)`` computes and writes ``<name>.png`` and ``<name>.pdf``
+(``save(name, data, out_dir)`` draws given data) byte-for-byte reproducibly (fixed dpi, no
+creation date / software stamp, Agg canvas), and ``write_gallery(out_dir)`` regenerates
+``out_dir/README.md`` with one line per figure. ``build(names, out_dir)`` — what
+``simkit figures`` / ``make figures`` run — adds a content-addressed cache of each figure's
+data (:mod:`simkit.figures.cache`), parallel workers, progress and ``MANIFEST.json``
+(:mod:`simkit.figures.runner`). The environment variable ``SIMKIT_SMALL=1`` forces small sizes.
 """
 
 from __future__ import annotations
@@ -76,9 +79,11 @@ PDF_METADATA = {"CreationDate": None, "ModDate": None, "Producer": None, "Creato
 __all__ = [
     "FIGURES",
     "available",
+    "build",
     "figure_module",
     "make",
     "render",
+    "save",
     "small_from_env",
     "style",
     "write_gallery",
@@ -115,20 +120,45 @@ def make(name: str, small: bool = False):
 
 
 def render(name: str, out_dir, small: bool = False) -> list[Path]:
-    """Write ``<out_dir>/<name>.png`` and ``<out_dir>/<name>.pdf``; return the two paths.
+    """Compute figure ``name`` and write ``<out_dir>/<name>.png`` and ``.pdf``; return the paths.
 
-    Deterministic: the same inputs give the same bytes (PNG at ``style.DPI`` without the
-    Software stamp, PDF without creation date/producer). ``small`` (or ``SIMKIT_SMALL=1``)
-    selects the reduced configuration.
+    No cache: :func:`build` (what ``simkit figures`` runs) adds the data cache, parallel
+    workers, progress and the manifest. ``small`` (or ``SIMKIT_SMALL=1``) selects the reduced
+    configuration.
+    """
+    module = figure_module(name)
+    data = module.compute(module.config(small=small or small_from_env()))
+    return save(name, data, out_dir)
+
+
+def save(name: str, data, out_dir) -> list[Path]:
+    """Draw figure ``name`` from its computed ``data`` into ``<out_dir>/<name>.png|pdf``.
+
+    Deterministic: the same data give the same bytes with the same matplotlib version — PNG at
+    ``style.DPI`` without the Software stamp, PDF without creation date, producer or creator
+    (and matplotlib's PDF writer adds no random IDs). Files are written to a temporary name and
+    renamed, so an interrupted run never leaves a truncated figure.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _, fig = make(name, small=small)
-    png, pdf = out / f"{name}.png", out / f"{name}.pdf"
+    module = figure_module(name)
+    with style.context():
+        fig = module.draw(data)
+    paths = [out / f"{name}.png", out / f"{name}.pdf"]
     with style.context(), _quiet_font_subsetting():
-        fig.savefig(png, format="png", dpi=style.DPI, metadata=PNG_METADATA)
-        fig.savefig(pdf, format="pdf", metadata=PDF_METADATA)
-    return [png, pdf]
+        for path, fmt, meta in zip(paths, ("png", "pdf"), (PNG_METADATA, PDF_METADATA)):
+            tmp = path.with_name(f".{path.name}.tmp")
+            kwargs = {"dpi": style.DPI} if fmt == "png" else {}
+            fig.savefig(tmp, format=fmt, metadata=meta, **kwargs)
+            os.replace(tmp, path)
+    return paths
+
+
+def build(names=None, out_dir="figures", **options):
+    """Make figures with the cache, in parallel, with progress: :func:`runner.build`."""
+    from simkit.figures import runner
+
+    return runner.build(names, out_dir, **options)
 
 
 @contextlib.contextmanager

@@ -57,7 +57,17 @@ token_veto detached  c = 0 for rows with some r_t < τ, else 1; clipped: vetoed 
 m2po       surrogate F = r·M (M the M2PO keep mask, batch dependent); clipped: removed tokens
 topr       detached  c = 1 (A≥0), min(W, 1) (A<0); clipped: A<0 rows with W > 1
 vespo      detached  c = W^k·exp(λ(1 − W)); never clipped (it reshapes, it does not clip)
+kl_rs      detached  c = 1[every k2/k3 criterion keeps the token]; clipped: rejected tokens
+clip_cov   surrogate F = PPO clip × (1 − detached), ``detached`` the random covariance subset
+                     (numpy Generator ``rng``); clipped: out-of-band and detached tokens
+kl_cov     surrogate F = r, plus κ·|log r|/Z on the top-k covariance tokens (not ∝ A: the
+                     gradient there is −(A·r − κ·sign log r)/Z); clipped: penalised, log r ≠ 0
 ========== ========= ===========================================================================
+
+``tis_token`` / ``tis_seq`` with ``batch_normalize=True`` divide c by its batch mean (over valid
+tokens / non-empty rows; not when the mean is ≤ 1e-8). ``clip_cov`` / ``kl_cov`` read the
+advantage values and ``log_prob`` itself (the covariance (A − mean A)(log π − mean log π) over
+valid tokens), as verl does; pass ``log_prob=`` to the numpy mapping to get the same numbers.
 
 (r token ratio, W = exp Σ_t log r_t the sequence ratio, s = exp(mean_t log r_t) the geometric
 mean, all over the valid tokens of the row; a row without valid tokens has W = s = 1.)
@@ -122,6 +132,8 @@ import torch
 from simkit import mappings as _mappings
 from simkit.estimators import AGGREGATIONS
 from simkit.mappings.base import Mapping
+from simkit.mappings.covariance import draw_subset
+from simkit.mappings.truncation import BATCH_NORM_EPS
 
 SURROGATE = "surrogate"
 DETACHED = "detached"
@@ -155,7 +167,14 @@ FORMS: dict[str, str] = {
     "m2po": SURROGATE,
     "topr": DETACHED,
     "vespo": DETACHED,
+    "kl_rs": DETACHED,
+    "clip_cov": SURROGATE,
+    "kl_cov": SURROGATE,
 }
+
+#: aggregation denominators: ``valid`` (every valid token, verl's new engine) or ``kept`` (the
+#: tokens a rejection mapping keeps, verl's legacy path that shrinks ``response_mask``)
+DENOMINATORS = ("valid", "kept")
 
 METRICS = (
     "clip_frac",
@@ -207,6 +226,9 @@ class _Batch:
     log_s: torch.Tensor
     lr_min: float
     lr_max: float
+    adv: torch.Tensor | None = None
+    log_prob: torch.Tensor | None = None
+    rng: object = None
 
     def per_row(self, value_pos: float, value_neg: float) -> torch.Tensor:
         """(N,) tensor: ``value_pos`` on rows with A >= 0, ``value_neg`` on the others."""
@@ -253,6 +275,7 @@ class _Terms:
     seq: torch.Tensor | None = None
     n_clipped: Callable[[], torch.Tensor] | None = None
     extra: dict | None = None
+    penalty: torch.Tensor | None = None
 
 
 # --- small autograd helpers -------------------------------------------------------------------
@@ -640,11 +663,133 @@ def _topr(m, b: _Batch) -> _Terms:
 def _vespo(m, b: _Batch) -> _Terms:
     cap_tok, cap_seq = m.max_log_ratio_tok, m.max_log_ratio_seq
     log_w = torch.clamp(b.log_ratio, -cap_tok, cap_tok).sum(dim=1)  # padding: clamp(0) = 0
-    log_w = torch.clamp(log_w, -cap_seq, cap_seq)
+    log_w = torch.clamp(log_w, m.min_log_ratio_seq, cap_seq)
     k = b.per_row(m.k_pos, m.k_neg)
     lam = b.per_row(m.lambda_pos, m.lambda_neg)
     phi = torch.exp(k * log_w + lam * (1.0 - torch.exp(log_w)))
     return _Terms(seq=torch.nan_to_num(phi, nan=0.0, posinf=0.0, neginf=0.0))
+
+
+def _kl_rs(m, b: _Batch) -> _Terms:
+    """verl ``compute_rollout_rejection_mask`` (b178a3c): k2 = ½x², k3 = e^x − 1 − x of
+    x = clamp(log r, ±cap), per token or summed / averaged / maximised over the row; AND."""
+    with torch.no_grad():
+        x = b.log_ratio.detach()
+        if b.lr_min < -m.max_log_ratio or b.lr_max > m.max_log_ratio:
+            x = torch.clamp(x, -m.max_log_ratio, m.max_log_ratio)
+        terms = {}
+        keep = b.mask.clone()
+        row_ok = torch.ones_like(b.positive)
+        for crit, u in m.rules:
+            kind = crit[-2:]
+            if kind not in terms:  # padding: x = 0 ⇒ k = 0
+                terms[kind] = 0.5 * x * x if kind == "k2" else torch.expm1(x) - x
+            k = terms[kind]
+            if crit.startswith("token_"):
+                keep &= k <= u
+                continue
+            if crit.startswith("seq_max"):  # k >= 0 and 0 on padding: an empty row gives 0
+                stat = k.amax(dim=1) if k.shape[1] else torch.zeros_like(b.log_w)
+            else:
+                stat = k.sum(dim=1)
+                if crit.startswith("seq_mean"):
+                    stat = stat / b.lengths.clamp(min=1)
+            row_ok &= stat <= u
+        keep &= row_ok[:, None]
+    rejected = b.mask & ~keep
+    return _Terms(tok=keep.to(b.log_w.dtype), n_clipped=lambda: b.count_flags(rejected))
+
+
+def _tis_token_normalised(m, b: _Batch) -> _Terms:
+    terms = _clamped_ratio(b, m.c_low, m.c_high, m.max_log_ratio)
+    if not m.batch_normalize:
+        return terms
+    n = b.lengths.sum()
+    mean = (terms.tok * b.maskf).sum() / n.clamp(min=1)
+    scale = torch.where(mean > BATCH_NORM_EPS, mean, torch.ones_like(mean))
+    return _Terms(tok=terms.tok / scale, n_clipped=terms.n_clipped)
+
+
+def _tis_seq_normalised(m, b: _Batch) -> _Terms:
+    terms = _tis_seq(m, b)
+    if not m.batch_normalize:
+        return terms
+    nonempty = (b.lengths > 0).to(b.log_w.dtype)
+    mean = (terms.seq * nonempty).sum() / nonempty.sum().clamp(min=1)
+    scale = torch.where(mean > BATCH_NORM_EPS, mean, torch.ones_like(mean))
+    return _Terms(seq=terms.seq / scale, n_clipped=terms.n_clipped)
+
+
+def _covariance(b: _Batch) -> torch.Tensor:
+    """verl's cov_all = (A − mean A)(log π − mean log π), means over valid tokens (detached);
+    −inf on padding."""
+    with torch.no_grad():
+        n = b.lengths.sum().clamp(min=1)
+        mean_a = (b.adv * b.lengths).sum() / n
+        mean_lp = (b.log_prob * b.maskf).sum() / n
+        cov = (b.adv - mean_a)[:, None] * (b.log_prob - mean_lp)
+        return torch.where(b.mask, cov, -math.inf)
+
+
+def _clip_cov(m, b: _Batch) -> _Terms:
+    """verl ``compute_policy_loss_clip_cov`` (b178a3c): PPO's clipped surrogate; a random
+    max(⌊ρ·#valid⌋, 1) of the unclipped tokens with lb < cov < ub are detached (F·0). The
+    permutation is the numpy Generator's (``rng``), as :class:`simkit.mappings.ClipCov`."""
+    terms = _clip_band(m, b)
+    cov = _covariance(b)
+    with torch.no_grad():
+        lr = b.log_ratio.detach()
+        adv = b.adv[:, None]
+        clipped = ((adv > 0) & (lr > math.log1p(m.eps_high))) | (
+            (adv < 0) & (lr < _log(1.0 - m.eps_low))
+        )
+        cand = b.mask & ~clipped & (cov > m.lb) & (cov < m.ub)
+        idx = torch.nonzero(cand.reshape(-1)).reshape(-1)
+        detached = torch.zeros_like(b.mask)
+        if idx.numel():
+            n_valid = int(b.lengths.sum())
+            picks = draw_subset(b.rng, idx.numel(), max(int(m.ratio * n_valid), 1))
+            chosen = idx[torch.as_tensor(picks, device=idx.device)]
+            detached = detached.reshape(-1).index_fill(0, chosen, True).reshape(b.mask.shape)
+        keep = torch.logical_not(detached).view(torch.uint8).to(terms.tok.dtype)
+    F = terms.tok * keep
+
+    def n_clipped():
+        return terms.n_clipped() + b.count_flags(detached)
+
+    return _Terms(tok=F, n_clipped=n_clipped)
+
+
+def _kl_cov(m, b: _Batch) -> _Terms:
+    """verl ``compute_policy_loss_kl_cov`` (b178a3c): −A·r everywhere, + κ·|log r| on the
+    k = max(1, ⌊ρ·#valid⌋) valid tokens of largest covariance (ties: first in row-major order)."""
+    cov = _covariance(b)
+    with torch.no_grad():
+        valid = torch.nonzero(b.mask.reshape(-1)).reshape(-1)
+        selected = torch.zeros_like(b.mask)
+        if valid.numel():
+            k = max(1, int(valid.numel() * m.ratio))
+            chosen = valid[_top_k_first(cov.reshape(-1)[valid], k)]
+            selected = selected.reshape(-1).index_fill(0, chosen, True).reshape(b.mask.shape)
+        sel = selected.view(torch.uint8).to(b.log_w.dtype)
+    penalty = b.log_ratio.abs() * sel * m.kappa if m.kappa > 0 else None
+    # clipped: penalised tokens where the penalty acts (log r ≠ 0; on-policy it is 0)
+    return _Terms(
+        tok=b.ratio(m.max_log_ratio),
+        n_clipped=lambda: b.count_flags(selected & (b.log_ratio.detach() != 0)),
+        penalty=penalty,
+    )
+
+
+def _top_k_first(values: torch.Tensor, k: int) -> torch.Tensor:
+    """Positions of the k largest ``values`` (1-D), ties at the k-th value first by position
+    (as :func:`simkit.mappings.covariance.top_k_first`): ``torch.topk`` for the k-th value,
+    then the strictly larger ones and the first ties."""
+    k = min(k, values.numel())
+    kth = torch.topk(values, k).values[-1]
+    above = torch.nonzero(values > kth).reshape(-1)
+    ties = torch.nonzero(values == kth).reshape(-1)[: k - above.numel()]
+    return torch.sort(torch.cat([above, ties])).values
 
 
 _KERNELS: dict[str, Callable[[Mapping, _Batch], _Terms]] = {
@@ -664,8 +809,8 @@ _KERNELS: dict[str, Callable[[Mapping, _Batch], _Terms]] = {
     "luffy": _luffy,
     "aspo": _aspo,
     "cispo": _cispo,
-    "tis_token": _tis_token,
-    "tis_seq": _tis_seq,
+    "tis_token": _tis_token_normalised,
+    "tis_seq": _tis_seq_normalised,
     "mis_token": _mis_token,
     "mis_seq": _mis_seq,
     "icepop": _mis_token,
@@ -675,6 +820,9 @@ _KERNELS: dict[str, Callable[[Mapping, _Batch], _Terms]] = {
     "m2po": _m2po,
     "topr": _topr,
     "vespo": _vespo,
+    "kl_rs": _kl_rs,
+    "clip_cov": _clip_cov,
+    "kl_cov": _kl_cov,
 }
 
 
@@ -996,6 +1144,8 @@ def policy_loss(
     max_length: int | None = None,
     preset: str | None = None,
     compute_metrics: bool = True,
+    denominator: str = "valid",
+    rng=None,
     **hyperparams,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy loss of weight mapping ``name`` and its metrics.
@@ -1018,6 +1168,13 @@ def policy_loss(
         :func:`aggregation_scale`); ``max_length`` is L_max of ``seq-mean-token-sum-norm``.
     compute_metrics : bool
         False skips the metrics (``metrics`` is then ``{}``).
+    denominator : str
+        ``"valid"`` (default: Z counts every valid token, verl's new engine) or ``"kept"``
+        (Z counts the tokens a rejecting mapping keeps — kl_rs, mis_*, icepop, geo_mask, opsm,
+        token_veto — as verl's legacy path, which shrinks ``response_mask`` before
+        ``agg_loss``; the same as ``"valid"`` for a mapping that does not reject).
+    rng : numpy Generator or int, optional
+        The random stream of a stochastic mapping (``clip_cov``; default ``default_rng(0)``).
     **hyperparams
         The mapping's hyperparameters (names and defaults of ``simkit.mappings``).
 
@@ -1031,6 +1188,10 @@ def policy_loss(
     """
     mapping = _build_mapping(name, preset, hyperparams)
     _check_aggregation(agg, max_length)
+    if denominator not in DENOMINATORS:
+        raise ValueError(
+            f"unknown denominator {denominator!r}; valid denominators: {', '.join(DENOMINATORS)}"
+        )
     lp, old, mask, adv, dtype = _check_inputs(log_prob, old_log_prob, advantages, response_mask)
     maskf = mask.view(torch.uint8).to(dtype)  # (a bool → float cast is several times slower)
     lengths = maskf.sum(dim=1)
@@ -1056,16 +1217,37 @@ def policy_loss(
             )
     log_w = log_ratio.detach().sum(dim=1)
     log_s = log_w / lengths.clamp(min=1)  # 0 for an empty row (its log W is 0)
+    needs_log_prob = mapping.name in ("clip_cov", "kl_cov")
     batch = _Batch(
-        log_ratio, mask, maskf, adv >= 0, lengths, log_w, log_s, float(lr_min), float(lr_max)
+        log_ratio,
+        mask,
+        maskf,
+        adv >= 0,
+        lengths,
+        log_w,
+        log_s,
+        float(lr_min),
+        float(lr_max),
+        adv=adv,
+        log_prob=torch.where(mask, lp.detach(), 0.0) if needs_log_prob else None,
+        rng=rng,
     )
 
     terms = _KERNELS[mapping.name](mapping, batch)
+    if denominator == "kept" and mapping.rejects:
+        with torch.no_grad():
+            c = terms.tok if terms.tok is not None else terms.seq[:, None].expand(mask.shape)
+            kept = (c.detach() != 0) & mask
+            inv_z = _inverse_z(kept.sum(dim=1).to(dtype), mask.shape[1], agg, max_length)
     row_weight = adv * inv_z  # A_i / Z_i
     if surrogate:
         with torch.no_grad():
             token_weight = maskf * row_weight[:, None]
         loss = -torch.dot(terms.tok.reshape(-1), token_weight.reshape(-1))
+        if terms.penalty is not None:
+            with torch.no_grad():
+                pen_weight = maskf * inv_z[:, None]
+            loss = loss + torch.dot(terms.penalty.reshape(-1), pen_weight.reshape(-1))
     else:
         with torch.no_grad():
             if terms.seq is not None:

@@ -129,7 +129,7 @@ def estimator_token_weights(
         raise ValueError(f"rewards must have shape {log_prob.shape[:-1]}, got {rewards.shape}")
     log_ratio = np.where(mask, log_prob - old, 0.0)
     adv = est.advantages(rewards, J)
-    c = est.coefficients(log_ratio, mask, adv)
+    c = est.coefficients(log_ratio, mask, adv, log_prob=np.where(mask, log_prob, 0.0))
     if loss_path == "numpy":
         return c * adv[..., None] * est.aggregation_weights(mask), c
     if log_prob.ndim > 2:
