@@ -41,7 +41,12 @@ the batch columns (ESS, zero-coefficient fraction, gradient norm, rewards) every
 parquet chunks of ``chunk_steps`` rows and a checkpoint (θ, optimizer state, RNG states, the
 policy versions kept for the lag, the in-flight rollout) is saved atomically after each chunk;
 running the same call again resumes from the checkpoint and produces bit for bit the table of an
-uninterrupted run.
+uninterrupted run. The previous checkpoint is kept: a damaged checkpoint or chunk (a careless
+disk) is named in a ``RuntimeWarning`` and the run resumes from the last intact one, or restarts.
+
+Long module, not split: the run loop and its checkpoints share the run's private state
+(``_State``, ``_Rollout``); a separate checkpoint module would import the loop's types and the
+loop its functions (a cycle).
 """
 
 from __future__ import annotations
@@ -707,6 +712,17 @@ def _prepare(out_dir: Path, description: dict) -> bool:
     return False
 
 
+def _check_rollout_memory(env: TokenMDP, config: TrainConfig) -> None:
+    """Refuse a rollout batch (batch × T tokens, kept for its N updates) that cannot fit."""
+    from simkit._memory import check_memory, sample_bytes
+
+    check_memory(
+        sample_bytes(1, config.batch, env.T),
+        f"a rollout batch of {config.batch} sequences of length T = {env.T}",
+        "batch (simkit train: --N x --minibatch-size)",
+    )
+
+
 def _check_out_dir(out: Path) -> None:
     from simkit._validation import check_output_dir
 
@@ -761,6 +777,7 @@ def train(
         raise ValueError(
             f"mismatch.spike_tokens = {config.mismatch.spike_tokens} must be < V = {env.V}"
         )
+    _check_rollout_memory(env, config)
 
     out = None if out_dir is None else Path(out_dir)
     if out is not None:
