@@ -1,8 +1,9 @@
 """Training dynamics: policy optimisation on a token MDP under staleness, lag and mismatch.
 
 Bias and variance of one gradient are the cause; what users see is training that collapses or
-not. :func:`train` runs a tabular policy (logits over the token MDP's positions × states ×
-vocabulary) with the rollout/update schedule of real trainers — a rollout batch from μ split
+not. :func:`train` runs a policy — tabular (logits over the token MDP's positions × states ×
+vocabulary), tied over positions, or low-rank features (:mod:`~simkit.train.params`) — with
+the rollout/update schedule of real trainers — a rollout batch from μ split
 into N mini-batches updated in sequence (staleness N), an optional asynchronous lag of k policy
 versions, an inference-mismatch model (:class:`Mismatch`: logit noise, bf16/fp16 rounding,
 toxic-tail spikes) — with any mapping × aggregation × advantage of the registry, and records
@@ -36,6 +37,7 @@ from simkit.train.core import (
     config_dict,
     load_checkpoint,
     load_run,
+    policy_logits,
     train,
 )
 from simkit.train.mismatch import (
@@ -48,17 +50,20 @@ from simkit.train.mismatch import (
     round_logits,
 )
 from simkit.train.optim import OPTIMIZERS, SGD, Adam, clip_grad_norm, make_optimizer
+from simkit.train.params import PARAMETERIZATIONS, Parameterization, parameterization
 from simkit.train.recipes import RECIPES, recipe
 
 __all__ = [
     "COLUMNS",
     "GRADIENTS",
     "OPTIMIZERS",
+    "PARAMETERIZATIONS",
     "PRECISIONS",
     "RECIPES",
     "SGD",
     "Adam",
     "Mismatch",
+    "Parameterization",
     "TrainConfig",
     "TrainError",
     "behaviour_log_probs",
@@ -69,6 +74,8 @@ __all__ = [
     "load_run",
     "log_softmax",
     "make_optimizer",
+    "parameterization",
+    "policy_logits",
     "recipe",
     "round_bf16",
     "round_fp16",

@@ -1,7 +1,10 @@
 """Policy optimisation on a token MDP with the rollout/update schedule of real RL trainers.
 
-The policy is tabular: θ = logits of shape (T, P, V) of a :class:`~simkit.envs.TokenMDP`
-(π(·|t, s) = softmax(θ[t, policy_index[s]])), starting from ``env.logits``. One **rollout**:
+The policy is π(·|t, s) = softmax(L(θ)[t, policy_index[s]]) on a :class:`~simkit.envs.TokenMDP`,
+with the logits L(θ) of ``config.parameterization`` (:mod:`simkit.train.params`): ``"tabular"``
+θ = L of shape (T, P, V) (the default), ``"tied"`` (one table for all positions) or
+``"features"`` (low-rank embeddings); L(θ₀) = ``env.logits``. Gradients w.r.t. the logits
+(exact ∇J, the estimator's ĝ) are pulled back to θ by the chain rule. One **rollout**:
 
 1. the behaviour parameters θ_b are the trainer's θ at the start of the rollout ``lag``
    rollouts ago (asynchronous RL: the generator runs ``lag`` policy versions behind; the first
@@ -64,6 +67,7 @@ from simkit.envs.token_sampling import accumulate_tokens, sample_tokens
 from simkit.estimators import Estimator, as_estimator
 from simkit.train.mismatch import Mismatch, behaviour_log_probs, log_softmax
 from simkit.train.optim import OPTIMIZERS, clip_grad_norm, make_optimizer
+from simkit.train.params import PARAMETERIZATIONS, Parameterization, parameterization
 
 __all__ = [
     "COLUMNS",
@@ -74,6 +78,7 @@ __all__ = [
     "config_dict",
     "load_checkpoint",
     "load_run",
+    "policy_logits",
     "train",
 ]
 
@@ -94,6 +99,8 @@ COLUMNS = {
     "kl_tok": "KL(π_s‖μ) per token, averaged over μ's state occupancy (DP)",
     "chi2_seq": "χ²(π_s‖μ) between sequence distributions (DP: E_μ[W²] − 1)",
     "kl_seq": "KL(π_s‖μ) between sequence distributions (DP, chain rule)",
+    "entropy": "per-token entropy of π_s averaged over π_s's own occupancy, nats (DP)",
+    "length": "E_π_s|y|, the expected sequence length (DP; T without EOS)",
     "grad_norm": "‖ĝ_s‖ of the estimator (before clipping)",
     "update_norm": "‖g‖ of the direction used (ĝ or ∇J, after clipping)",
     "ess": "normalised ESS of the sequence ratios W of the mini-batch, (ΣW)²/(n·ΣW²) ∈ (0, 1]",
@@ -105,7 +112,17 @@ COLUMNS = {
     "estimator": "the estimator's name",
 }
 
-_EXACT_COLUMNS = ("J", "grad_J_norm", "cosine", "chi2_tok", "kl_tok", "chi2_seq", "kl_seq")
+_EXACT_COLUMNS = (
+    "J",
+    "grad_J_norm",
+    "cosine",
+    "chi2_tok",
+    "kl_tok",
+    "chi2_seq",
+    "kl_seq",
+    "entropy",
+    "length",
+)
 _FORMAT = 1  # checkpoint format version
 _RUN_FILE = "run.json"
 _CHECKPOINT_FILE = "checkpoint.npz"
@@ -144,6 +161,11 @@ class TrainConfig:
     mismatch : the inference-mismatch model (:class:`~simkit.train.mismatch.Mismatch`).
     record_every : compute the exact columns every this many steps (≥ 1; also at the first and
         last step).
+    parameterization : how θ gives the logits (:mod:`simkit.train.params`): ``"tabular"`` (θ is
+        the (T, P, V) table), ``"tied"`` (one (P, V) table shared by all positions) or
+        ``"features"`` (low-rank embeddings, d = ``features`` parameters, token-embedding
+        rank ``feature_rank``, random features from ``feature_seed``). J, ∇J and the
+        divergences stay exact for all three.
     """
 
     estimator: Estimator | str = "naive"
@@ -160,6 +182,10 @@ class TrainConfig:
     gradient: str = "estimator"
     mismatch: Mismatch = field(default_factory=Mismatch)
     record_every: int = 1
+    parameterization: str = "tabular"
+    features: int = 256
+    feature_rank: int = 16
+    feature_seed: int = 0
 
     def __post_init__(self):
         object.__setattr__(self, "estimator", as_estimator(self.estimator))
@@ -169,6 +195,9 @@ class TrainConfig:
             ("minibatches", 1),
             ("lag", 0),
             ("record_every", 1),
+            ("features", 1),
+            ("feature_rank", 1),
+            ("feature_seed", 0),
         ):
             object.__setattr__(self, name, _int("TrainConfig", name, getattr(self, name), low))
         if self.batch % self.minibatches:
@@ -203,6 +232,16 @@ class TrainConfig:
             raise TypeError(
                 f"TrainConfig.mismatch must be a Mismatch, got {type(self.mismatch).__name__}"
             )
+        if self.parameterization not in PARAMETERIZATIONS:
+            raise ValueError(
+                f"TrainConfig.parameterization must be one of {PARAMETERIZATIONS}, got "
+                f"{self.parameterization!r}"
+            )
+        if self.parameterization == "features" and self.features % self.feature_rank:
+            raise ValueError(
+                f"TrainConfig.features = {self.features} must be a multiple of feature_rank = "
+                f"{self.feature_rank} (d = m·r: m context features × r token-embedding dims)"
+            )
 
     @property
     def minibatch_size(self) -> int:
@@ -216,6 +255,12 @@ class TrainConfig:
 
     def make_optimizer(self):
         return make_optimizer(self.optimizer, self.lr, self.beta1, self.beta2, self.adam_eps)
+
+    def parameterization_of(self, env: TokenMDP) -> Parameterization:
+        """The map θ ↦ logits of this config on ``env`` (:mod:`simkit.train.params`)."""
+        return parameterization(
+            env.logits, self.parameterization, self.features, self.feature_rank, self.feature_seed
+        )
 
     def to_dict(self) -> dict:
         """A plain JSON-able dict describing this config completely (:func:`config_dict`)."""
@@ -326,10 +371,16 @@ def _check_seed(seed) -> int:
     return int(seed)
 
 
-def _initial_state(env: TokenMDP, config: TrainConfig, seed: int) -> _State:
-    # C order: an env built by broadcasting has (T, P, V) logits laid out with T fastest, and
-    # reductions over V then sum in another order (other last bits) than on a C-order copy
-    theta = np.array(env.logits, dtype=np.float64, order="C")
+def policy_logits(env: TokenMDP, config: TrainConfig, theta) -> np.ndarray:
+    """The logits (T, P, V) of the policy with parameters ``theta`` (what ``callback`` and
+    :func:`load_checkpoint` give) under ``config.parameterization`` on ``env``."""
+    return config.parameterization_of(env).logits(np.asarray(theta, dtype=np.float64))
+
+
+def _initial_state(
+    env: TokenMDP, config: TrainConfig, param: Parameterization, seed: int
+) -> _State:
+    theta = param.init()
     rng_sample, rng_mismatch = _generators(seed)
     return _State(0, theta, config.make_optimizer().init(theta), [], None, rng_sample, rng_mismatch)
 
@@ -337,12 +388,14 @@ def _initial_state(env: TokenMDP, config: TrainConfig, seed: int) -> _State:
 # --- one rollout, one step ----------------------------------------------------------------------
 
 
-def _new_rollout(env: TokenMDP, config: TrainConfig, state: _State, index: int) -> _Rollout:
+def _new_rollout(
+    env: TokenMDP, config: TrainConfig, param: Parameterization, state: _State, index: int
+) -> _Rollout:
     state.versions.append(state.theta.copy())
     del state.versions[: max(len(state.versions) - (config.lag + 1), 0)]
     theta_b = state.versions[0]
     behind = len(state.versions) - 1
-    log_mu = behaviour_log_probs(theta_b, config.mismatch, state.rng_mismatch)
+    log_mu = behaviour_log_probs(param.logits(theta_b), config.mismatch, state.rng_mismatch)
     mu = np.exp(log_mu)
     batch = sample_tokens(env, mu, config.batch, state.rng_sample)
     T, P, V = env.logits.shape
@@ -351,7 +404,7 @@ def _new_rollout(env: TokenMDP, config: TrainConfig, state: _State, index: int) 
     flat_index += np.arange(T, dtype=np.intp) * (P * V)
     log_mu_tok = np.where(batch.mask, log_mu.ravel().take(flat_index), 0.0)
     est = config.estimator
-    J_now = env.with_logits(state.theta).J() if est.advantage == "oracle" else None
+    J_now = env.with_logits(param.logits(state.theta)).J() if est.advantage == "oracle" else None
     advantages = est.advantages(batch.rewards, J=J_now)
     return _Rollout(
         index=index,
@@ -378,7 +431,24 @@ def _ess(log_w: np.ndarray) -> float:
     return float(w.sum() ** 2 / (log_w.size * (w * w).sum()))
 
 
-def _step(env: TokenMDP, config: TrainConfig, state: _State, record: bool, callback) -> dict:
+def _policy_stats(env_j: TokenMDP) -> tuple[float, float]:
+    """(per-token entropy of π averaged over π's occupancy, E_π|y|), exact (DP)."""
+    d = env_j.occupancy()  # (T, S)
+    pi = env_j.pi[:, env_j.policy_index]  # (T, S, V)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        h = -np.where(pi > 0, pi * np.log(pi), 0.0).sum(axis=-1)  # (T, S)
+    length = float(d.sum())
+    return float((d * h).sum() / length), length
+
+
+def _step(
+    env: TokenMDP,
+    config: TrainConfig,
+    param: Parameterization,
+    state: _State,
+    record: bool,
+    callback,
+) -> dict:
     """One optimizer step on mini-batch j of the current rollout; returns the table row."""
     ro = state.rollout
     N, m = config.minibatches, config.minibatch_size
@@ -389,15 +459,18 @@ def _step(env: TokenMDP, config: TrainConfig, state: _State, record: bool, callb
         view = theta.view()
         view.setflags(write=False)
         callback(state.step, view)
-    env_j = env.with_logits(theta)
+    logits = param.logits(theta)
+    env_j = env.with_logits(logits)
     mask = ro.mask[rows]
-    log_pi = log_softmax(theta).ravel()
+    log_pi = log_softmax(logits).ravel()
     log_ratio = np.where(mask, log_pi.take(ro.flat_index[rows]) - ro.log_mu_tok[rows], 0.0)
     est = config.estimator
     adv = ro.advantages[rows]
     coef = est.coefficients(log_ratio, mask, adv)
     lam = coef * adv[:, None] * est.aggregation_weights(mask)
-    g_hat = accumulate_tokens(env_j, ro.actions[rows], lam, states=ro.states[rows], mask=mask)
+    g_hat = param.pullback(
+        accumulate_tokens(env_j, ro.actions[rows], lam, states=ro.states[rows], mask=mask)
+    )
     n_valid = int(mask.sum())
     row = {
         "step": state.step,
@@ -409,7 +482,7 @@ def _step(env: TokenMDP, config: TrainConfig, state: _State, record: bool, callb
     exact = dict.fromkeys(_EXACT_COLUMNS, math.nan)
     grad_J = None
     if record or config.gradient == "exact":
-        grad_J = env_j.grad_J()
+        grad_J = param.pullback(env_j.grad_J())
     if record:
         mu = np.exp(ro.log_mu)
         norm_true = float(np.linalg.norm(grad_J))
@@ -426,6 +499,7 @@ def _step(env: TokenMDP, config: TrainConfig, state: _State, record: bool, callb
             chi2_seq=env_j.chi2_seq(mu),
             kl_seq=env_j.kl_seq(mu),
         )
+        exact["entropy"], exact["length"] = _policy_stats(env_j)
     row.update(exact)
     direction = clip_grad_norm(
         grad_J if config.gradient == "exact" else g_hat, config.max_grad_norm
@@ -546,8 +620,9 @@ def checkpoint_step(out_dir) -> int:
 
 
 def load_checkpoint(out_dir) -> tuple[int, np.ndarray]:
-    """``(step, θ)`` of the last checkpoint of the run in ``out_dir``: θ (T, P, V) is the
-    policy *after* ``step`` updates, i.e. π_step of the table's row ``step`` (if any)."""
+    """``(step, θ)`` of the last checkpoint of the run in ``out_dir``: θ is the policy's
+    parameters *after* ``step`` updates, i.e. π_step of the table's row ``step`` (if any);
+    (T, P, V) logits for the tabular parameterisation, else see :func:`policy_logits`."""
     path = Path(out_dir) / _CHECKPOINT_FILE
     if not path.exists():
         raise TrainError(f"{out_dir} has no checkpoint ({_CHECKPOINT_FILE})")
@@ -645,7 +720,7 @@ def train(
     callback: Callable[[int, np.ndarray], None] | None = None,
     progress: bool = False,
 ) -> pd.DataFrame:
-    """Train a tabular policy on ``env`` (module docstring); return the per-step table.
+    """Train a policy on ``env`` (module docstring); return the per-step table.
 
     Parameters
     ----------
@@ -658,7 +733,8 @@ def train(
         checkpoint. The returned table is then read back from the chunks (:func:`load_run`).
     stop_after : stop once this many steps (in total) are done — a checkpointed, resumable
         partial run (with ``out_dir``). None: run all ``config.steps``.
-    callback : ``callback(step, theta)`` before each update with the (read-only) θ of π_step.
+    callback : ``callback(step, theta)`` before each update with the (read-only) parameters θ
+        of π_step (the logits for ``"tabular"``; :func:`policy_logits` maps them otherwise).
     progress : show a tqdm bar.
 
     Returns a DataFrame with the columns of :data:`COLUMNS`, one row per step done.
@@ -677,6 +753,7 @@ def train(
             f"mismatch.spike_tokens = {config.mismatch.spike_tokens} must be < V = {env.V}"
         )
 
+    param = config.parameterization_of(env)
     out = None if out_dir is None else Path(out_dir)
     state = None
     if out is not None:
@@ -692,7 +769,7 @@ def train(
                 if first >= state.step:
                     path.unlink()
     if state is None:
-        state = _initial_state(env, config, seed)
+        state = _initial_state(env, config, param, seed)
 
     from tqdm.auto import tqdm
 
@@ -709,10 +786,10 @@ def train(
     try:
         while state.step < end:
             if state.step % N == 0:
-                state.rollout = _new_rollout(env, config, state, state.step // N)
+                state.rollout = _new_rollout(env, config, param, state, state.step // N)
             s = state.step
             record = s % config.record_every == 0 or s == config.steps - 1
-            rows.append(_step(env, config, state, record, callback))
+            rows.append(_step(env, config, param, state, record, callback))
             state.step += 1
             if state.step % N == 0:
                 state.rollout = None
