@@ -11,9 +11,10 @@ the curve: how fast it learned), and how it **failed**, if it did (:func:`failur
   final gain < :data:`STALL_GAIN`): the policy locked into a wrong answer;
 - ``length``: length blow-up — the expected length grew past :data:`LENGTH_BLOWUP` × its
   initial value (EOS environments);
-- ``divergence``: divergence explosion — KL_seq(π‖μ) exceeded :data:`KL_SEQ_EXPLOSION` nats
-  at a recorded step (the batch's sequences carry ratios beyond e^{KL});
 - ``stall``: none of the above but the normalised final gain is below :data:`STALL_GAIN`;
+- ``divergence``: divergence explosion — KL_seq(π‖μ) exceeded :data:`KL_SEQ_EXPLOSION` nats
+  at a recorded step (typical sequence ratios beyond e^{10}) although J did not fail: the run
+  learned on batches its correction could not trust;
 - ``ok``: none of these.
 
 Each criterion is also a boolean column of :func:`run_summary` (a run may meet several; the
@@ -60,7 +61,7 @@ LENGTH_BLOWUP = 2.0
 #: divergence explosion: the largest recorded KL_seq(π‖μ) exceeds this many nats
 KL_SEQ_EXPLOSION = 10.0
 #: the failure labels, in the order :func:`failure_label` checks them
-FAILURE_LABELS = ("collapse", "determinism", "length", "divergence", "stall", "ok")
+FAILURE_LABELS = ("collapse", "determinism", "length", "stall", "divergence", "ok")
 #: columns of :func:`run_summary` (after the grouping columns)
 SUMMARY_COLUMNS = (
     "steps",
@@ -123,11 +124,11 @@ def collapsed(J_start: float, J_peak: float, J_final: float, fraction: float = C
 
 
 def failure_label(
-    collapse: bool, determinism: bool, length_blowup: bool, explosion: bool, stalled: bool
+    collapse: bool, determinism: bool, length_blowup: bool, stalled: bool, explosion: bool
 ) -> str:
     """The first failure met, in the order of :data:`FAILURE_LABELS` (``"ok"`` if none)."""
     for label, flag in zip(
-        FAILURE_LABELS, (collapse, determinism, length_blowup, explosion, stalled), strict=False
+        FAILURE_LABELS, (collapse, determinism, length_blowup, stalled, explosion), strict=False
     ):
         if flag:
             return label
@@ -196,7 +197,7 @@ def _summarize(run: pd.DataFrame, tail_fraction: float, J_star: float) -> dict:
         "length_blowup": blowup,
         "divergence_explosion": explosion,
         "stalled": low_gain,
-        "failure": failure_label(collapse, determinism, blowup, explosion, low_gain),
+        "failure": failure_label(collapse, determinism, blowup, low_gain, explosion),
     }
 
 
