@@ -54,7 +54,7 @@ def test_collapse():
 
 def test_premature_determinism_needs_low_entropy_and_low_J():
     J = np.linspace(0.0, 0.01, 20)  # J stuck far below J* = 1
-    h = np.linspace(2.0, 0.05, 20)  # entropy collapsed: 0.05 < 0.1·2
+    h = np.linspace(2.0, 0.05, 20)  # entropy collapsed: 0.05 < 0.2·2
     s = summary(run_table(J, entropy=h))
     assert s["determinism"] and s["failure"] == "determinism"
     # the same entropy collapse at the optimum is convergence, not a failure

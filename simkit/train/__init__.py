@@ -24,7 +24,9 @@ Grids of runs go through the sweep machinery (:class:`simkit.config.TrainSweepCo
 Modules: :mod:`~simkit.train.core` (the run, checkpoints, resume), :mod:`~simkit.train.mismatch`
 (the inference-engine model), :mod:`~simkit.train.optim` (SGD, Adam), :mod:`~simkit.train.recipes`
 (the papers' losses: GRPO, GSPO, SAPO, VESPO, token-TIS, seq-MIS, Geo-Mask),
-:mod:`~simkit.train.analysis` (J*, per-run summaries, collapse, bands over seeds) and
+:mod:`~simkit.train.params` (tabular / tied / features parameterisations),
+:mod:`~simkit.train.worlds` (prompt distributions, sparse rewards, distractors),
+:mod:`~simkit.train.analysis` (J*, per-run summaries, failure labels, bands over seeds) and
 :mod:`~simkit.train.cli` (``simkit train``).
 """
 
@@ -52,6 +54,13 @@ from simkit.train.mismatch import (
 from simkit.train.optim import OPTIMIZERS, SGD, Adam, clip_grad_norm, make_optimizer
 from simkit.train.params import PARAMETERIZATIONS, Parameterization, parameterization
 from simkit.train.recipes import RECIPES, recipe
+from simkit.train.worlds import (
+    Prompts,
+    difficulty_prompts,
+    distractor,
+    prompt_set,
+    sparse_pattern,
+)
 
 __all__ = [
     "COLUMNS",
@@ -64,21 +73,26 @@ __all__ = [
     "Adam",
     "Mismatch",
     "Parameterization",
+    "Prompts",
     "TrainConfig",
     "TrainError",
     "behaviour_log_probs",
     "checkpoint_step",
     "clip_grad_norm",
     "config_dict",
+    "difficulty_prompts",
+    "distractor",
     "load_checkpoint",
     "load_run",
     "log_softmax",
     "make_optimizer",
     "parameterization",
     "policy_logits",
+    "prompt_set",
     "recipe",
     "round_bf16",
     "round_fp16",
     "round_logits",
+    "sparse_pattern",
     "train",
 ]

@@ -53,7 +53,7 @@ COLLAPSE_FRACTION = 0.5
 #: the final J of a run is the mean recorded J over this last fraction of its steps
 TAIL_FRACTION = 0.1
 #: premature determinism: final per-token entropy below this fraction of the initial one …
-DETERMINISM_ENTROPY = 0.1
+DETERMINISM_ENTROPY = 0.2
 #: … (and stall) while the normalised final gain (J_final − J₀)/(J* − J₀) is below this
 STALL_GAIN = 0.5
 #: length blow-up: the largest recorded E|y| exceeds this multiple of the initial E|y|

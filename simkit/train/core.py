@@ -64,10 +64,11 @@ import pandas as pd
 
 from simkit.envs.token_mdp import TokenMDP
 from simkit.envs.token_sampling import accumulate_tokens, sample_tokens
-from simkit.estimators import Estimator, as_estimator
+from simkit.estimators import GROUP_ADVANTAGES, Estimator, as_estimator
 from simkit.train.mismatch import Mismatch, behaviour_log_probs, log_softmax
 from simkit.train.optim import OPTIMIZERS, clip_grad_norm, make_optimizer
 from simkit.train.params import PARAMETERIZATIONS, Parameterization, parameterization
+from simkit.train.worlds import Prompts, as_prompts
 
 __all__ = [
     "COLUMNS",
@@ -123,7 +124,7 @@ _EXACT_COLUMNS = (
     "entropy",
     "length",
 )
-_FORMAT = 1  # checkpoint format version
+_FORMAT = 2  # checkpoint format version (2: the rollout's prompts)
 _RUN_FILE = "run.json"
 _CHECKPOINT_FILE = "checkpoint.npz"
 _CHUNKS_DIR = "chunks"
@@ -305,14 +306,16 @@ def config_dict(config: TrainConfig) -> dict:
     return out
 
 
-def _env_fingerprint(env: TokenMDP) -> str:
-    """sha256 of the environment's arrays (initial logits, automaton, reward, EOS)."""
+def _env_fingerprint(env) -> str:
+    """sha256 of the environment's arrays (initial logits, automaton, reward, EOS; every
+    prompt's, in order, for :class:`~simkit.train.worlds.Prompts`)."""
     h = hashlib.sha256()
-    for arr in (env.logits, env.transition, env.policy_index, env.reward):
-        a = np.ascontiguousarray(arr)
-        h.update(str((a.dtype.str, a.shape)).encode())
-        h.update(a.tobytes())
-    h.update(repr((env.eos, env.initial_state)).encode())
+    for e in as_prompts(env):
+        for arr in (e.logits, e.transition, e.policy_index, e.reward):
+            a = np.ascontiguousarray(arr)
+            h.update(str((a.dtype.str, a.shape)).encode())
+            h.update(a.tobytes())
+        h.update(repr((e.eos, e.initial_state)).encode())
     return h.hexdigest()
 
 
@@ -333,6 +336,7 @@ class _Rollout:
     advantages: np.ndarray  # (B,)
     log_mu: np.ndarray  # (T, P, V)
     behind: int  # rollouts between θ_b and the trainer's θ at rollout time
+    prompt: np.ndarray  # (B,) int64: the prompt of each row (all 0 for one TokenMDP)
 
     _ARRAYS = (
         "actions",
@@ -343,6 +347,7 @@ class _Rollout:
         "rewards",
         "advantages",
         "log_mu",
+        "prompt",
     )
 
 
@@ -397,27 +402,61 @@ def _new_rollout(
     behind = len(state.versions) - 1
     log_mu = behaviour_log_probs(param.logits(theta_b), config.mismatch, state.rng_mismatch)
     mu = np.exp(log_mu)
-    batch = sample_tokens(env, mu, config.batch, state.rng_sample)
-    T, P, V = env.logits.shape
-    flat_index = env.policy_index.astype(np.intp).take(batch.states) * V
-    flat_index += batch.actions
+    envs = as_prompts(env)
+    prompt = _prompt_of_rows(config, len(envs))
+    T, P, V = envs[0].logits.shape
+    if len(envs) == 1:
+        batch = sample_tokens(envs[0], mu, config.batch, state.rng_sample)
+        actions, states, mask, rewards = batch.actions, batch.states, batch.mask, batch.rewards
+        flat_index = envs[0].policy_index.astype(np.intp).take(states) * V
+    else:  # each prompt's rows drawn from its own automaton, in prompt order
+        actions = np.zeros((config.batch, T), dtype=np.int32)
+        states = np.zeros((config.batch, T), dtype=np.int32)
+        mask = np.zeros((config.batch, T), dtype=bool)
+        rewards = np.zeros(config.batch)
+        flat_index = np.zeros((config.batch, T), dtype=np.intp)
+        for k, e in enumerate(envs):
+            rows = np.flatnonzero(prompt == k)
+            b = sample_tokens(e, mu, rows.size, state.rng_sample)
+            actions[rows], states[rows], mask[rows], rewards[rows] = (
+                b.actions,
+                b.states,
+                b.mask,
+                b.rewards,
+            )
+            flat_index[rows] = e.policy_index.astype(np.intp).take(b.states) * V
+    flat_index += actions
     flat_index += np.arange(T, dtype=np.intp) * (P * V)
-    log_mu_tok = np.where(batch.mask, log_mu.ravel().take(flat_index), 0.0)
+    log_mu_tok = np.where(mask, log_mu.ravel().take(flat_index), 0.0)
     est = config.estimator
-    J_now = env.with_logits(param.logits(state.theta)).J() if est.advantage == "oracle" else None
-    advantages = est.advantages(batch.rewards, J=J_now)
+    J_now = None
+    if est.advantage == "oracle":  # the baseline J_k of each row's prompt (exact)
+        J_now = [e.with_logits(param.logits(state.theta)).J() for e in envs]
+        J_now = J_now[0] if len(envs) == 1 else np.asarray(J_now).take(prompt)
+    advantages = est.advantages(rewards, J=J_now)
     return _Rollout(
         index=index,
-        actions=batch.actions,
-        states=batch.states,
-        mask=batch.mask,
+        actions=actions,
+        states=states,
+        mask=mask,
         flat_index=flat_index,
         log_mu_tok=log_mu_tok,
-        rewards=batch.rewards,
+        rewards=rewards,
         advantages=advantages,
         log_mu=log_mu,
         behind=behind,
+        prompt=prompt,
     )
+
+
+def _group(config: TrainConfig) -> int:
+    est = config.estimator
+    return est.group_size if est.advantage in GROUP_ADVANTAGES else 1
+
+
+def _prompt_of_rows(config: TrainConfig, K: int) -> np.ndarray:
+    """(B,) prompt of each rollout row: group g = row // G goes to prompt g mod K."""
+    return ((np.arange(config.batch) // _group(config)) % K).astype(np.int64)
 
 
 def _ess(log_w: np.ndarray) -> float:
@@ -431,14 +470,52 @@ def _ess(log_w: np.ndarray) -> float:
     return float(w.sum() ** 2 / (log_w.size * (w * w).sum()))
 
 
-def _policy_stats(env_j: TokenMDP) -> tuple[float, float]:
-    """(per-token entropy of π averaged over π's occupancy, E_π|y|), exact (DP)."""
-    d = env_j.occupancy()  # (T, S)
-    pi = env_j.pi[:, env_j.policy_index]  # (T, S, V)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        h = -np.where(pi > 0, pi * np.log(pi), 0.0).sum(axis=-1)  # (T, S)
-    length = float(d.sum())
-    return float((d * h).sum() / length), length
+def _policy_stats(env_js) -> tuple[float, float]:
+    """(per-token entropy of π averaged over π's occupancy, E_π|y|), exact (DP); over K
+    prompts: Σ_k (entropy mass)_k / Σ_k E|y|_k and the mean E|y|."""
+    mass = length = 0.0
+    for env_j in env_js:
+        d = env_j.occupancy()  # (T, S)
+        pi = env_j.pi[:, env_j.policy_index]  # (T, S, V)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            h = -np.where(pi > 0, pi * np.log(pi), 0.0).sum(axis=-1)  # (T, S)
+        mass += float((d * h).sum())
+        length += float(d.sum())
+    return mass / length, length / len(env_js)
+
+
+def _exact_columns(env_js, mu, g_hat, grad_J) -> dict:
+    """The exact columns of π (one env, or the mean over K prompts)."""
+    norm_true = float(np.linalg.norm(grad_J))
+    norm_hat = float(np.linalg.norm(g_hat))
+    out = dict(
+        grad_J_norm=norm_true,
+        cosine=float(g_hat @ grad_J / (norm_hat * norm_true))
+        if norm_hat > 0 and norm_true > 0
+        else math.nan,
+    )
+    if len(env_js) == 1:
+        env_j = env_js[0]
+        div = env_j.divergences_tok(mu)
+        out.update(
+            J=env_j.J(),
+            chi2_tok=div["chi2_tok"],
+            kl_tok=div["kl_tok"],
+            chi2_seq=env_j.chi2_seq(mu),
+            kl_seq=env_j.kl_seq(mu),
+        )
+    else:  # uniform prompt law, the same under π and μ
+        tokens = np.array([e.occupancy(mu).sum() for e in env_js])  # E_μ|y| per prompt
+        divs = [e.divergences_tok(mu) for e in env_js]
+        out.update(
+            J=float(np.mean([e.J() for e in env_js])),
+            chi2_tok=float(sum(t * d["chi2_tok"] for t, d in zip(tokens, divs)) / tokens.sum()),
+            kl_tok=float(sum(t * d["kl_tok"] for t, d in zip(tokens, divs)) / tokens.sum()),
+            chi2_seq=float(np.mean([e.chi2_seq(mu) for e in env_js])),
+            kl_seq=float(np.mean([e.kl_seq(mu) for e in env_js])),
+        )
+    out["entropy"], out["length"] = _policy_stats(env_js)
+    return out
 
 
 def _step(
@@ -460,7 +537,7 @@ def _step(
         view.setflags(write=False)
         callback(state.step, view)
     logits = param.logits(theta)
-    env_j = env.with_logits(logits)
+    env_js = [e.with_logits(logits) for e in as_prompts(env)]
     mask = ro.mask[rows]
     log_pi = log_softmax(logits).ravel()
     log_ratio = np.where(mask, log_pi.take(ro.flat_index[rows]) - ro.log_mu_tok[rows], 0.0)
@@ -468,9 +545,20 @@ def _step(
     adv = ro.advantages[rows]
     coef = est.coefficients(log_ratio, mask, adv)
     lam = coef * adv[:, None] * est.aggregation_weights(mask)
-    g_hat = param.pullback(
-        accumulate_tokens(env_j, ro.actions[rows], lam, states=ro.states[rows], mask=mask)
-    )
+    if len(env_js) == 1:
+        g_logits = accumulate_tokens(
+            env_js[0], ro.actions[rows], lam, states=ro.states[rows], mask=mask
+        )
+    else:  # the per-prompt token terms of the mini-batch, summed
+        g_logits = np.zeros(logits.size)
+        prompt = ro.prompt[rows]
+        for k, env_k in enumerate(env_js):
+            sel = prompt == k
+            if sel.any():
+                g_logits += accumulate_tokens(
+                    env_k, ro.actions[rows][sel], lam[sel], ro.states[rows][sel], mask[sel]
+                )
+    g_hat = param.pullback(g_logits)
     n_valid = int(mask.sum())
     row = {
         "step": state.step,
@@ -482,24 +570,12 @@ def _step(
     exact = dict.fromkeys(_EXACT_COLUMNS, math.nan)
     grad_J = None
     if record or config.gradient == "exact":
-        grad_J = param.pullback(env_j.grad_J())
+        if len(env_js) == 1:
+            grad_J = param.pullback(env_js[0].grad_J())
+        else:
+            grad_J = param.pullback(sum(e.grad_J() for e in env_js) / len(env_js))
     if record:
-        mu = np.exp(ro.log_mu)
-        norm_true = float(np.linalg.norm(grad_J))
-        norm_hat = float(np.linalg.norm(g_hat))
-        div = env_j.divergences_tok(mu)
-        exact.update(
-            J=env_j.J(),
-            grad_J_norm=norm_true,
-            cosine=float(g_hat @ grad_J / (norm_hat * norm_true))
-            if norm_hat > 0 and norm_true > 0
-            else math.nan,
-            chi2_tok=div["chi2_tok"],
-            kl_tok=div["kl_tok"],
-            chi2_seq=env_j.chi2_seq(mu),
-            kl_seq=env_j.kl_seq(mu),
-        )
-        exact["entropy"], exact["length"] = _policy_stats(env_j)
+        exact.update(_exact_columns(env_js, np.exp(ro.log_mu), g_hat, grad_J))
     row.update(exact)
     direction = clip_grad_norm(
         grad_J if config.gradient == "exact" else g_hat, config.max_grad_norm
@@ -724,7 +800,9 @@ def train(
 
     Parameters
     ----------
-    env : the :class:`~simkit.envs.TokenMDP`; θ starts at ``env.logits``.
+    env : the :class:`~simkit.envs.TokenMDP`, or :class:`~simkit.train.worlds.Prompts` (K
+        prompts sharing the policy: J and ∇J are the prompt means, the rollout's groups go
+        round-robin over the prompts); θ starts at ``env.logits``.
     config : the :class:`TrainConfig`.
     seed : root of every random stream (``SeedSequence(seed)``); same seed ⇒ same table.
     out_dir : None (in memory) or a directory: the table is written in parquet chunks of
@@ -739,11 +817,17 @@ def train(
 
     Returns a DataFrame with the columns of :data:`COLUMNS`, one row per step done.
     """
-    if not isinstance(env, TokenMDP):
-        raise TypeError(f"env must be a TokenMDP, got {type(env).__name__}")
+    if not isinstance(env, TokenMDP | Prompts):
+        raise TypeError(f"env must be a TokenMDP or Prompts, got {type(env).__name__}")
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
     seed = _check_seed(seed)
+    K = len(as_prompts(env))
+    if K > 1 and config.batch // _group(config) < K:
+        raise ValueError(
+            f"TrainConfig.batch = {config.batch} gives {config.batch // _group(config)} "
+            f"group(s) per rollout for {K} prompts: every prompt needs at least one group"
+        )
     chunk_steps = _int("train", "chunk_steps", chunk_steps, 1)
     end = config.steps
     if stop_after is not None:
