@@ -267,6 +267,13 @@ def _run_run(args) -> int:
     out = args.out
     if out is not None and not out.endswith((".csv", ".parquet")):
         raise CLIError(f"--out must end with .csv or .parquet, got {out!r}")
+    if out is not None:  # before any work: a cell's results are not lost to a bad path
+        from simkit._validation import check_output_file
+
+        try:
+            check_output_file(out, "--out")
+        except ValueError as err:
+            raise CLIError(str(err)) from None
     try:
         table = sweep.run_config(args.config, progress=not args.no_progress)
     except _config_errors() as err:

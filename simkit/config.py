@@ -300,6 +300,9 @@ class BanditConfig:
         """The bandit (``T`` must be 1)."""
         if T != 1:
             raise ValueError(f"a bandit has T = 1, got T = {T}")
+        from simkit._memory import check_bandit  # (issue 13 §5: before the (K,) draws)
+
+        check_bandit(self.K)
         rng = np.random.default_rng(self.seed)
         logits = rng.normal(0.0, 1.0, self.K)
         means = rng.uniform(0.05, 0.95, self.K)
