@@ -20,11 +20,23 @@ with the logits L(θ) of ``config.parameterization`` (:mod:`simkit.train.params`
    softmax(θ after j updates of this rollout) against the μ that generated it — the staleness
    N = global batch / mini batch of PPO-style trainers (VESPO, arXiv 2602.10693, §5).
 
+**Three policies.** The trainer holds μ (the inference engine's policy: θ lagged by ``lag``
+rollouts, through the ``mismatch``), π_old (θ at the start of the current rollout: the
+trainer's own recompute of the rollout's log-probabilities, as verl and TRL do before the
+mini-batch loop) and π = π_j (the current θ). Staleness separates π from π_old; lag and
+mismatch separate π_old from μ. The exact columns ``kl_seq_old`` (π‖π_old) and
+``kl_seq_old_mu`` (π_old‖μ) measure the two legs.
+
 Each optimizer step uses the estimator (mapping × aggregation × advantage of the registry,
 :class:`simkit.estimators.Estimator`):
 
     ĝ = Σ_{i,t} c_{i,t}·A_i/Z_i · ∇θ log π_j(y_{i,t} | t, s_{i,t}),
     c = mapping.coefficients(log π_j − log μ, mask, A)
+
+An estimator with a ``correction`` (a composed estimator: decoupled PPO × token TIS, bypass
+mode, TRL's PPO × vLLM IS) gets the second leg too: ``estimator.coefficients(log π_j − log μ,
+mask, A, old_log_ratio=log π_old − log μ)`` — the interface of ``simkit.estimators`` with
+composed estimators; a plain estimator sees only π/μ.
 
 accumulated by :func:`simkit.envs.accumulate_tokens` (softmax score e_y − π, no per-sequence
 vectors), or the exact ∇J(π_j) (``gradient="exact"``, DP), optionally norm-clipped, then SGD or
@@ -102,6 +114,8 @@ COLUMNS = {
     "kl_tok": "KL(π_s‖μ) per token, averaged over μ's state occupancy (DP)",
     "chi2_seq": "χ²(π_s‖μ) between sequence distributions (DP: E_μ[W²] − 1)",
     "kl_seq": "KL(π_s‖μ) between sequence distributions (DP, chain rule)",
+    "kl_seq_old": "KL(π_s‖π_old) of sequences: the staleness leg (π_old = θ at rollout start)",
+    "kl_seq_old_mu": "KL(π_old‖μ) of sequences: the lag + mismatch leg",
     "entropy": "per-token entropy of π_s averaged over π_s's own occupancy, nats (DP)",
     "length": "E_π_s|y|, the expected sequence length (DP; T without EOS)",
     "grad_norm": "‖ĝ_s‖ of the estimator (before clipping)",
@@ -123,6 +137,8 @@ _EXACT_COLUMNS = (
     "kl_tok",
     "chi2_seq",
     "kl_seq",
+    "kl_seq_old",
+    "kl_seq_old_mu",
     "entropy",
     "length",
 )
@@ -339,6 +355,8 @@ class _Rollout:
     rewards: np.ndarray  # (B,)
     advantages: np.ndarray  # (B,)
     log_mu: np.ndarray  # (T, P, V)
+    log_old: np.ndarray  # (T, P, V) log π_old: the trainer's θ at the start of the rollout
+    log_old_tok: np.ndarray  # (B, T) log π_old(y_t | t, s_t), 0 on padding
     behind: int  # rollouts between θ_b and the trainer's θ at rollout time
     prompt: np.ndarray  # (B,) int64: the prompt of each row (all 0 for one TokenMDP)
 
@@ -351,6 +369,8 @@ class _Rollout:
         "rewards",
         "advantages",
         "log_mu",
+        "log_old",
+        "log_old_tok",
         "prompt",
     )
 
@@ -432,6 +452,8 @@ def _new_rollout(
     flat_index += actions
     flat_index += np.arange(T, dtype=np.intp) * (P * V)
     log_mu_tok = np.where(mask, log_mu.ravel().take(flat_index), 0.0)
+    log_old = log_softmax(param.logits(state.theta))
+    log_old_tok = np.where(mask, log_old.ravel().take(flat_index), 0.0)
     est = config.estimator
     if est.advantage == "oracle":  # J(μ) of the served behaviour that drew this batch
         J_base = [e.J(mu) for e in envs]
@@ -452,6 +474,8 @@ def _new_rollout(
         rewards=rewards,
         advantages=advantages,
         log_mu=log_mu,
+        log_old=log_old,
+        log_old_tok=log_old_tok,
         behind=behind,
         prompt=prompt,
     )
@@ -551,7 +575,11 @@ def _step(
     log_ratio = np.where(mask, log_pi.take(ro.flat_index[rows]) - ro.log_mu_tok[rows], 0.0)
     est = config.estimator
     adv = ro.advantages[rows]
-    coef = est.coefficients(log_ratio, mask, adv)
+    if getattr(est, "correction", None) is not None:  # a composed estimator: π/π_old × π_old/μ
+        old_log_ratio = np.where(mask, ro.log_old_tok[rows] - ro.log_mu_tok[rows], 0.0)
+        coef = est.coefficients(log_ratio, mask, adv, old_log_ratio=old_log_ratio)
+    else:
+        coef = est.coefficients(log_ratio, mask, adv)
     lam = coef * adv[:, None] * est.aggregation_weights(mask)
     if len(env_js) == 1:
         g_logits = accumulate_tokens(
@@ -584,6 +612,11 @@ def _step(
             grad_J = param.pullback(sum(e.grad_J() for e in env_js) / len(env_js))
     if record:
         exact.update(_exact_columns(env_js, np.exp(ro.log_mu), g_hat, grad_J))
+        old = np.exp(ro.log_old)
+        exact["kl_seq_old"] = float(np.mean([e.kl_seq(old) for e in env_js]))
+        exact["kl_seq_old_mu"] = float(
+            np.mean([e.with_logits(ro.log_old).kl_seq(np.exp(ro.log_mu)) for e in env_js])
+        )
     row.update(exact)
     direction = clip_grad_norm(
         grad_J if config.gradient == "exact" else g_hat, config.max_grad_norm
