@@ -26,6 +26,7 @@ from simkit.figures import (
     bandit_bias_variance,
     bias_variance_frontier,
     collapse_map,
+    collapse_regimes,
     divergence_inequalities,
     ess_khat_vs_T,
     gspo_length_conflation,
@@ -66,6 +67,7 @@ FIGURES: dict[str, ModuleType] = {
         staleness_curves,
         mismatch_curves,
         collapse_map,
+        collapse_regimes,
     )
 }
 
