@@ -87,6 +87,7 @@ from simkit.envs.behaviour import AGGREGATES, LEVELS, BehaviourSpec
 from simkit.train.core import GRADIENTS, TrainConfig
 from simkit.train.mismatch import Mismatch
 from simkit.train.optim import OPTIMIZERS
+from simkit.train.params import PARAMETERIZATIONS
 
 __all__ = [
     "CONFIG_KINDS",
@@ -865,6 +866,10 @@ _TRAIN_SCALARS = (
     "max_grad_norm",
     "gradient",
     "record_every",
+    "parameterization",
+    "features",
+    "feature_rank",
+    "feature_seed",
 )
 _TRAIN_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
 
@@ -899,8 +904,9 @@ class TrainSweepConfig:
     update: the rollout batch is N·m, so that every N makes the same updates on the same number
     of samples and only the staleness changes) or ``batch`` (a fixed rollout batch B split
     into N mini-batches of B/N). ``steps``, ``optimizer``, ``beta1``, ``beta2``, ``adam_eps``,
-    ``max_grad_norm``, ``gradient`` and ``record_every`` are the
-    :class:`~simkit.train.TrainConfig` fields, the same for every run.
+    ``max_grad_norm``, ``gradient``, ``record_every``, ``parameterization``, ``features``,
+    ``feature_rank`` and ``feature_seed`` are the :class:`~simkit.train.TrainConfig` fields,
+    the same for every run.
 
     **Seeds.** A run's random streams are ``SeedSequence(seed)`` of its entry of ``seeds``,
     exactly as ``simkit.train.train(env, config, seed=seed)``: runs that differ only in the
@@ -948,6 +954,10 @@ class TrainSweepConfig:
     max_grad_norm: float | None = None
     gradient: str = _TRAIN_DEFAULTS["gradient"]
     record_every: int = _TRAIN_DEFAULTS["record_every"]
+    parameterization: str = _TRAIN_DEFAULTS["parameterization"]
+    features: int = _TRAIN_DEFAULTS["features"]
+    feature_rank: int = _TRAIN_DEFAULTS["feature_rank"]
+    feature_seed: int = _TRAIN_DEFAULTS["feature_seed"]
     seeds: tuple[int, ...] = (0,)
 
     kind: ClassVar[str] = "train"
@@ -1016,6 +1026,15 @@ class TrainSweepConfig:
                 _fail("max_grad_norm", f"must be > 0 (or absent: no clipping), got {value!r}")
             object.__setattr__(self, "max_grad_norm", value)
         object.__setattr__(self, "record_every", _int(self.record_every, "record_every", low=1))
+        _str(self.parameterization, "parameterization", PARAMETERIZATIONS, "parameterization")
+        for name, low in (("features", 1), ("feature_rank", 1), ("feature_seed", 0)):
+            object.__setattr__(self, name, _int(getattr(self, name), name, low=low))
+        if self.parameterization == "features" and self.features % self.feature_rank:
+            _fail(
+                "features",
+                f"must be a multiple of feature_rank = {self.feature_rank} (d = m·r), "
+                f"got {self.features}",
+            )
         _distinct_estimators(self.estimators)
         self.validate()
 
@@ -1064,6 +1083,10 @@ class TrainSweepConfig:
             if getattr(self, key) is not None:
                 d[key] = getattr(self, key)
         d["record_every"] = self.record_every
+        if self.parameterization != "tabular":
+            d["parameterization"] = self.parameterization
+            for key in ("features", "feature_rank", "feature_seed"):
+                d[key] = getattr(self, key)
         d["seeds"] = list(self.seeds)
         d["environment"] = self.environment.to_dict()
         d["mismatch"] = [mismatch_to_dict(m) for m in self.mismatch]
@@ -1095,6 +1118,10 @@ class TrainSweepConfig:
             gradient=self.gradient,
             mismatch=Mismatch() if mismatch is None else mismatch,
             record_every=self.record_every,
+            parameterization=self.parameterization,
+            features=self.features,
+            feature_rank=self.feature_rank,
+            feature_seed=self.feature_seed,
         )
 
     def runs(self):

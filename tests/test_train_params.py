@@ -211,3 +211,28 @@ def test_parameterization_errors(kwargs, message):
 def test_config_round_trip():
     cfg = config("features", feature_seed=4)
     assert TrainConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_training_sweep_carries_the_parameterization():
+    from simkit.config import ConfigError, TrainSweepConfig
+
+    d = {
+        "kind": "train",
+        "name": "p",
+        "steps": 4,
+        "minibatch_size": 8,
+        "parameterization": "features",
+        "features": 8,
+        "feature_rank": 2,
+        "environment": {"kind": "token_mdp", "constructor": "at_least_k", "V": 4, "T": 5,
+                        "kwargs": {"k": 2}},
+        "estimators": [{"mapping": "ppo_clip", "advantages": ["grpo"], "group_size": 4}],
+    }  # fmt: skip
+    sweep = TrainSweepConfig.from_dict(d)
+    assert TrainSweepConfig.from_dict(sweep.to_dict()) == sweep
+    (_, cfg, _), *_ = list(sweep.runs())
+    assert (cfg.parameterization, cfg.features, cfg.feature_rank) == ("features", 8, 2)
+    with pytest.raises(ConfigError, match="parameterization"):
+        TrainSweepConfig.from_dict({**d, "parameterization": "dense"})
+    with pytest.raises(ConfigError, match="features"):
+        TrainSweepConfig.from_dict({**d, "features": 9})
