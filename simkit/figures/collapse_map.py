@@ -208,6 +208,7 @@ def compute(cfg: Config, workers: int | None = None) -> Data:
         "Cell value: normalised final gain (J_final − J(π₀)) / (J* − J(π₀)), J_final = mean "
         f"exact J over the last {TAIL_FRACTION:.0%} of the steps; × = a run lost more than "
         f"{COLLAPSE_FRACTION:.0%} of its best gain.",
+        staleness_curves.drift_note(runs, lambda row: f"at N = {row['N']}, T = {row['T']}"),
         *paper_verdict(grid),
     )
     return Data(

@@ -37,7 +37,14 @@ import pandas as pd
 from simkit.config import TrainSweepConfig
 from simkit.figures import _common, style
 from simkit.sweep import run_config
-from simkit.train.analysis import COLLAPSE_FRACTION, TAIL_FRACTION, band, optimal_J, run_summary
+from simkit.train.analysis import (
+    COLLAPSE_FRACTION,
+    KL_SEQ_EXPLOSION,
+    TAIL_FRACTION,
+    band,
+    optimal_J,
+    run_summary,
+)
 from simkit.train.recipes import RECIPES, recipe_entry, recipe_label, recipe_of
 
 NAME = "staleness_curves"
@@ -211,6 +218,20 @@ def schedule_note(sweep: TrainSweepConfig) -> str:
     )
 
 
+def drift_note(runs: pd.DataFrame, where) -> str:
+    """One note line: the drift the runs reached — the largest KL_seq(π‖μ) at a recorded step
+    (and its run: ``where(row)`` gives the setting, e.g. "at N = 64"), the median over runs of
+    each run's largest, and how many runs exceeded :data:`KL_SEQ_EXPLOSION`."""
+    row = runs.loc[runs["kl_seq_max"].idxmax()]
+    over = int((runs["kl_seq_max"] > KL_SEQ_EXPLOSION).sum())
+    return (
+        f"Drift reached: largest KL_seq(π‖μ) at a recorded step {row['kl_seq_max']:.3g} nats "
+        f"({recipe_label(row['recipe'])} {where(row)}); median of the runs' largest "
+        f"{runs['kl_seq_max'].median():.3g} nats; {over} of {len(runs)} runs above "
+        f"{KL_SEQ_EXPLOSION:g} nats."
+    )
+
+
 def summarize(runs: pd.DataFrame, by) -> pd.DataFrame:
     """Per group of ``by``: mean and SE over seeds of J_final and J_mean, collapsed runs."""
     g = runs.groupby(list(by), sort=False)
@@ -326,6 +347,7 @@ def compute(cfg: Config, workers: int | None = None) -> Data:
         schedule_note(sweep),
         f"Final J = mean exact J over the last {TAIL_FRACTION:.0%} of the steps; a run "
         f"'collapsed' if it lost more than {COLLAPSE_FRACTION:.0%} of its best gain.",
+        drift_note(runs, lambda row: f"at N = {row['N']}"),
         *paper_verdict(summary),
     )
     return Data(
