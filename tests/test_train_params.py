@@ -236,3 +236,18 @@ def test_training_sweep_carries_the_parameterization():
         TrainSweepConfig.from_dict({**d, "parameterization": "dense"})
     with pytest.raises(ConfigError, match="features"):
         TrainSweepConfig.from_dict({**d, "features": 9})
+
+
+def test_cli_parameterization_and_growing_mismatch(capsys):
+    from simkit.cli import main
+
+    rc = main(
+        ["train", "--recipe", "grpo", "--N", "2", "--steps", "4", "--parameterization", "tied",
+         "--relative-noise", "0.1", "--sharpness-noise", "0.2", "--no-progress"]
+    )  # fmt: skip
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "relative noise 0.1 + sharpness noise 0.2" in out and "failure label" in out
+    argv = ["train", "--parameterization", "features", "--features", "10", "--feature-rank", "4"]
+    assert main(argv) == 2
+    assert "--features = 10 must be a multiple" in capsys.readouterr().err
