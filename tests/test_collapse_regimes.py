@@ -81,7 +81,10 @@ def test_verdict_follows_the_measurements():
         }
     )
     text = "\n".join(cr.verdict(grid, cfg))
-    assert "Recipes separate (different labels) in 1 of 2 cells: N = 16, lag 8, lr 0.3" in text
+    assert (
+        "Recipes separate (different labels) in 1 of 2 cells, most drift first: N = 16, lag 8"
+        in text
+    )
     assert "GRPO collapse, VESPO stall" in text
     assert "largest KL_seq(π‖μ) 200 nats" in text
     assert "VESPO's claim (stable while GRPO, GSPO, SAPO collapse): REPRODUCED" in text

@@ -250,7 +250,8 @@ def verdict(grid: pd.DataFrame, cfg: Config) -> list[str]:
     sep = split[split > 1]
     if len(sep):
         parts = []
-        for N, lag, lr in sep.index:
+        drift = grid.groupby(key, sort=True)["kl_seq_max"].max()
+        for N, lag, lr in sorted(sep.index, key=lambda c: -drift[c]):  # most drift first
             c = grid[(grid.N == N) & (grid.lag == lag) & (grid.lr == lr)]
             parts.append(
                 f"N = {N}, lag {lag}, lr {lr:g} ("
@@ -260,7 +261,8 @@ def verdict(grid: pd.DataFrame, cfg: Config) -> list[str]:
                 + f"; KL_seq up to {c.kl_seq_max.max():.3g})"
             )
         lines.append(
-            f"Recipes separate (different labels) in {len(sep)} of {len(split)} cells: "
+            f"Recipes separate (different labels) in {len(sep)} of {len(split)} cells, most "
+            "drift first: "
             + "; ".join(parts[:4])
             + (f"; … ({len(parts) - 4} more)" if len(parts) > 4 else "")
             + "."
