@@ -46,7 +46,7 @@ def test_both_legs_with_lag_and_staleness():
     assert (late["kl_seq_old"] > 1e-6).all() and (late["kl_seq_old_mu"] > 1e-6).all()
 
 
-@pytest.mark.xfail(not COMPOSED, reason="composed estimators (issue 15) not merged yet", strict=True)
+@pytest.mark.xfail(not COMPOSED, reason="composed estimators (issue 15) not merged", strict=True)
 def test_decoupled_estimator_gets_the_old_leg():
     """Decoupled PPO × token TIS: with lag but N = 1 (π = π_old) the PPO clip sees ratio 1 and
     the TIS correction sees π_old/μ: the run differs from plain PPO on π/μ."""
