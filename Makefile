@@ -21,6 +21,7 @@ figures: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -n 2 tests
 
 bench: $(STAMP)
@@ -31,6 +32,7 @@ lab: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports
 	$(PY) -m ruff format --check .
 
 clean:

@@ -234,19 +234,23 @@ display(token_is.pivot_table(index="T", columns="env", values="relative_bias"))
 #
 # ## 4. The length trap of sequence masking
 #
-# Sequence-level fixes bring their own length problems. Suppose the trainer and the inference
-# engine disagree a little but systematically: every token ratio is about $\bar\rho > 1$. Then
-# $W \approx \bar\rho^T$ and the one-sided sequence mask $W\,\mathbb{1}[W \le C]$ (sequence MIS)
-# rejects half of the sequences at, and essentially all of them well beyond, the length
+# Sequence-level fixes bring their own length problems. rl-collapse (part 3) argues: if every
+# token ratio is about $\bar\rho > 1$, then $W \approx \bar\rho^T$ and the one-sided sequence
+# mask $W\,\mathbb{1}[W \le C]$ (sequence MIS) rejects the sequences longer than
 #
 # $$T^\star = \frac{\log C}{\log\bar\rho}\qquad(C = 5,\ \bar\rho = 1.001 \Rightarrow
-#   T^\star \approx 1610;\ \text{rl-collapse, part 3}).$$
+#   T^\star \approx 1610).$$
 #
-# With i.i.d. token log-ratios $\mathcal{N}(\log\bar\rho, \sigma^2)$,
-# $P(W \le C) = \Phi\big((\log C - T\log\bar\rho)/(\sigma\sqrt T)\big)$, while Geo-Mask
-# $\mathbb{1}[\ell \le s \le h]$ on the geometric mean $s = e^{\overline{\log r}}$ keeps
-# almost everything at every length. The figure checks both closed forms against the
-# registered mappings applied to sampled log-ratios.
+# Which sequences? Token ratios exceed 1 *on average in log* only for tokens drawn from $\pi$:
+# $\mathbb{E}_\pi[\log r_t] = \mathrm{KL}(\pi\|\mu) > 0$, so $\bar\rho = e^{\mathrm{KL}(\pi\|\mu)}$.
+# The trainer's rollouts come from $\mu$, where $\mathbb{E}_\mu[W] = 1$: by Markov's inequality
+# $P_\mu(W > C) \le 1/C$ at every $T$, so the mask keeps at least $1 - 1/C$ of the rollouts
+# however long they are. What collapses beyond $T^\star$ is the share of $\pi$'s mass that the
+# kept rollouts carry, $\mathbb{E}_\mu[W\,\mathbb{1}\{W \le C\}] = P_\pi(W \le C)$. A two-sided
+# mask rejects $\mu$'s rollouts through its *lower* bound ($\log W$ drifts down under $\mu$),
+# and Geo-Mask on the geometric mean $s = e^{\overline{\log r}}$ keeps almost everything. The
+# figure computes both measures exactly (token counts) on a token MDP and checks them against
+# sequences sampled from $\mu$ and $\pi$.
 
 # %%
 assert abs(theory.length_trap_T(5.0, 1.001) - 1610) < 1
@@ -254,21 +258,14 @@ lt = length_trap.compute(length_trap.config(small=FAST))
 with style.context():
     display(length_trap.draw(lt))
 
-cfg_lt = lt["config"]
-points = lt["points"]
-for (rho, name), part in points.groupby(["rho_bar", "mapping"]):
-    if name == "mis_seq":
-        exact = length_trap.kept_fraction_mis_seq(part["T"], rho, cfg_lt.sigma, cfg_lt.c)
-    else:
-        exact = length_trap.kept_fraction_geo_mask(
-            part["T"], rho, cfg_lt.sigma, cfg_lt.geo_low, cfg_lt.geo_high
-        )
-    se_true = np.sqrt(exact * (1 - exact) / cfg_lt.n_seq)  # binomial SE at the true fraction
-    assert np.all(np.abs(part.kept_mc - exact) <= 4 * se_true + 1e-12), (rho, name)
-longest = points[points["T"] == points["T"].max()].set_index(["rho_bar", "mapping"]).kept_mc
-for rho in cfg_lt.rho_bars:  # at the longest length: MIS keeps nothing, Geo-Mask everything
-    assert longest[(rho, "mis_seq")] < 0.01 and longest[(rho, "geo_mask")] > 0.99
-print({f"ρ̄ = {rho}": round(t, 1) for rho, t in lt["t_star"].items()})
+kept = lt.kept
+one = kept[(kept["mask"] == "mis_seq_one_sided") & (kept.method == "exact")]
+mu_kept = one[one.measure == "mu_samples"].set_index("T").fraction
+pi_kept = one[one.measure == "pi_mass"].set_index("T").fraction
+assert (mu_kept >= lt.markov_floor - 1e-12).all()  # Markov: at every T
+assert pi_kept.iloc[-1] < mu_kept.iloc[-1]  # the mass, not the rollouts, is what is lost
+for note in lt.notes:
+    print(note)
 
 # %% [markdown]
 # ## 5. GSPO's length conflation
@@ -421,9 +418,11 @@ explorer = interact(
 #    per-token $\chi^2$ doubles to 0.1. Justify with $\mathrm{MSE} = \mathrm{bias}^2 +
 #    \mathrm{Var}/n$ and the growth rates of each term, then compute both crossings.
 # 3. **The length trap at $T^\star$.** For $C = 5$, $\bar\rho = 1.002$, $\sigma = 0.02$:
-#    compute $T^\star$, predict the fraction of sequences `mis_seq` keeps at $T = T^\star$ (hint:
+#    compute $T^\star$, predict the fraction of sequences *drawn from π* (token log-ratios
+#    $\mathcal N(\log\bar\rho, \sigma^2)$ under π) that `mis_seq` keeps at $T = T^\star$ (hint:
 #    the closed form at $T^\star$), and check it by applying the registered mapping to sampled
-#    log-ratios. Up to which length does it keep 99 %?
+#    log-ratios. Up to which length does it keep 99 %? Why is this not the fraction of μ's
+#    rollouts kept?
 # 4. **GSPO and repetition.** Take a sequence of log-ratios and concatenate it with itself.
 #    What happens to $W$ and to GSPO's $s$? Check with the registered `gspo` and `is_seq`
 #    mappings, and explain why this invariance is a variance *and* a bias statement.

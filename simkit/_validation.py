@@ -83,6 +83,11 @@ def check_output_file(path, name: str = "--out") -> Path:
         raise ValueError(f"{name} {path} is a directory, expected a file name")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.exists():
+        above = parent
+        while not above.exists() and above.parent != above:
+            above = above.parent
+        if above.exists() and not above.is_dir():
+            raise ValueError(f"{name} {path}: {above} is a file, not a directory")
         raise ValueError(f"{name} {path}: directory {parent} does not exist")
     if not parent.is_dir():
         raise ValueError(f"{name} {path}: {parent} is not a directory")
@@ -153,7 +158,9 @@ def check_batch(log_ratio, mask, advantages):
             f"advantages must have shape (N,) = ({lr.shape[0]},), got shape {adv.shape}"
         )
     # fast path: a finite sum means every entry is finite (NaN and ±inf propagate)
-    if not np.isfinite(np.sum(lr)):
+    with np.errstate(invalid="ignore", over="ignore"):
+        lr_sum, adv_sum = np.sum(lr), np.sum(adv)
+    if not np.isfinite(lr_sum):
         bad = m & ~np.isfinite(lr)
         if bad.any():
             i, t = _first_bad(bad)
@@ -162,7 +169,7 @@ def check_batch(log_ratio, mask, advantages):
                 "log-ratios of valid tokens must be finite (padding may hold anything)"
             )
         lr = np.where(m, lr, 0.0)
-    if not np.isfinite(np.sum(adv)):
+    if not np.isfinite(adv_sum):
         bad = ~np.isfinite(adv) & m.any(axis=1)
         if bad.any():
             (i,) = _first_bad(bad)

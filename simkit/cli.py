@@ -8,7 +8,8 @@ Subcommands (each defined by an ``_add_<name>(subparsers)`` function registered 
 - ``simkit report DIR`` — merged table and standard plots of a sweep directory;
 - ``simkit figures [NAME …] [--out DIR] [--small]`` — regenerate figures and the gallery;
 - ``simkit info`` — versions of simkit and its dependencies, installed optional extras;
-- ``simkit list mappings|figures|shifts`` — what the registries contain.
+- ``simkit list mappings|figures|shifts`` — what the registries contain;
+- ``simkit schema [experiment|train]`` — the JSON Schema of a sweep config.
 
 ``main(argv)`` returns the exit status (0 success, 2 usage error) instead of exiting, so that it
 can be called from tests and notebooks.
@@ -26,10 +27,12 @@ import textwrap
 import time
 from collections.abc import Callable
 
+from simkit.cli_errors import CLIError
+
 PROG = "simkit"
 
 #: core dependencies reported by ``simkit info`` (distribution names)
-CORE_PACKAGES = ("numpy", "scipy", "pandas", "matplotlib", "tqdm", "arviz-stats")
+CORE_PACKAGES = ("numpy", "scipy", "pandas", "matplotlib", "tqdm", "arviz-stats", "pydantic")
 #: optional extras: extra name -> distributions (import names are looked up by find_spec)
 OPTIONAL_PACKAGES = {
     "lm": ("torch", "transformers", "gguf"),
@@ -43,12 +46,8 @@ OPTIONAL_PACKAGES = {
         "ipywidgets",
         "nbmake",
     ),
-    "dev": ("pytest", "pytest-xdist", "hypothesis", "ruff"),
+    "dev": ("pytest", "pytest-xdist", "hypothesis", "ruff", "import-linter", "jsonschema"),
 }
-
-
-class CLIError(Exception):
-    """A usage error reported as ``simkit: error: …`` with exit status 2."""
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
@@ -279,10 +278,7 @@ def _run_run(args) -> int:
     except _config_errors() as err:
         raise CLIError(str(err)) from None
     if out is not None:
-        if out.endswith(".csv"):
-            table.to_csv(out, index=False)
-        else:
-            table.to_parquet(out, index=False)
+        sweep.write_table(table, out)  # atomically: never a half-written file
         print(f"table written to {out}", file=sys.stderr)
     print(_summary_table(table, args.all_columns))
     return 0
@@ -354,6 +350,12 @@ def _run_sweep(args) -> int:
         sweep.check_backend(args.backend, args.workers, args.scheduler)
     except (TypeError, ValueError) as err:
         raise CLIError(str(err)) from None
+    from simkit._validation import check_output_dir
+
+    try:  # before any work (run_sweep checks it too, naming its argument out_dir)
+        check_output_dir(args.out, "--out")
+    except ValueError as err:
+        raise CLIError(str(err)) from None
     try:
         summary = sweep.run_sweep(
             args.config,
@@ -403,10 +405,45 @@ def _run_report(args) -> int:
     return 0
 
 
+# --- schema ------------------------------------------------------------------------------------
+
+
+def _add_schema(subparsers) -> None:
+    p = subparsers.add_parser(
+        "schema",
+        help="the JSON Schema of a sweep config (for editors and validators)",
+        formatter_class=_Formatter,
+        description=(
+            "Print the JSON Schema of a TOML sweep configuration: 'experiment' (simkit run /\n"
+            "sweep) or 'train' (simkit train CONFIG). Point an editor's TOML extension at the\n"
+            "saved file to complete keys and check values as you type (README: editor setup)."
+        ),
+        epilog=(
+            "examples:\n"
+            "  simkit schema experiment > simkit-experiment.schema.json\n"
+            "  simkit schema train > simkit-train.schema.json\n"
+        ),
+    )
+    p.add_argument(
+        "kind", nargs="?", default="experiment", choices=("experiment", "train"),
+        help="config kind (default: experiment)",
+    )  # fmt: skip
+    p.set_defaults(func=_run_schema)
+
+
+def _run_schema(args) -> int:
+    import json
+
+    from simkit.config import json_schema
+
+    print(json.dumps(json_schema(args.kind), indent=2))
+    return 0
+
+
 # --- parser ------------------------------------------------------------------------------------
 
+
 def _add_train(subparsers) -> None:
-    # imported here: simkit.train.cli imports CLIError from this module
     from simkit.train.cli import register
 
     register(subparsers)
@@ -429,6 +466,7 @@ SUBCOMMANDS: dict[str, Callable] = {
     "figures": _add_figures,
     "info": _add_info,
     "list": _add_list,
+    "schema": _add_schema,
 }
 
 

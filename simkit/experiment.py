@@ -28,8 +28,11 @@ moments E[A·1{atom}] and E[A²·1{atom}] (closed forms for Bernoulli and Gaussi
 E ĝ = n·κ·E g and Var ĝ = n·κ²·(E‖g‖² − ‖E g‖²): no sampling error at all. On the token MDP
 (T > 1) an atom is a whole sequence (its reward is deterministic) and Z may be per sequence
 (seq-mean-token-mean: Z_i = n·|y_i|); only ``token-mean`` with varying lengths (EOS) has a
-random Z shared by the batch and goes to Monte Carlo, as does an environment with more
-sequences than its enumeration budget (:func:`has_exact_path`). ``ess`` is exact
+random Z shared by the batch and goes to Monte Carlo. Beyond the enumeration budget a token
+MDP keeps an exact path for untied parameters by dynamic programming
+(:mod:`simkit.envs.token_moments`: mean and variance of every token-level mapping and of the
+product-form sequence mappings ``is_seq`` and ``power``, W²-weighted forward/backward sweeps,
+any T); other estimators there go to Monte Carlo (:func:`has_exact_path`). ``ess`` is exact
 too; ``khat`` has no closed form and is always estimated from draws.
 
 **Monte Carlo** (everything else, or ``exact=False``): ``reps`` independent batches of n draws
@@ -52,7 +55,16 @@ Confidence bounds (``*_lo``/``*_hi``, at ``level``) come from a seeded bootstrap
 - ``snr``: [‖·‖²-bounds of the ball] / [variance bounds] (conservative).
 
 ``khat`` has no bounds; it is computed from the coefficients of all reps·n drawn samples, on
-exact rows too. Exact rows have NaN bounds.
+exact rows too (NaN where no Pareto tail can be fitted, :func:`khat_of_weights`). Exact rows
+have NaN bounds.
+
+**Reliability.** These intervals assume that the reps have seen the distribution's tail. With
+heavy-tailed weights they can under-cover badly and silently, so every Monte Carlo row carries
+``reliable`` (and the exact ``tail_draws`` ν behind it): False when the per-batch squared errors
+have a Pareto k̂ > 0.7, when one batch carries more than half of their sum, or when the exact
+moments of the coefficients say that reps·n draws expect fewer than 10 draws in the tail that
+carries the second moment (:mod:`simkit.reliability`, with the references). Exact rows are
+always reliable.
 
 Randomness: one ``SeedSequence(seed)`` spawns a stream for the batches and a stream for the
 bootstrap. Every estimator is evaluated on the *same* batches (common random numbers) with the
@@ -69,10 +81,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from simkit import reliability
 from simkit._memory import check_samples
 from simkit._validation import check_seed
+from simkit.envs.token_moments import dp_applies
+from simkit.envs.token_moments import moments as dp_moments
 from simkit.estimators import ORACLE_ADVANTAGES, PER_SAMPLE_ADVANTAGES, Estimator, as_estimator
-from simkit.mappings.psis import psis_khat
+from simkit.reliability import KHAT_MIN_DISTINCT, khat_of_weights  # noqa: F401 (public here too)
 
 #: metrics that carry ``*_lo``/``*_hi`` bounds on the Monte Carlo path
 BOUNDED_METRICS = ("bias", "bias_dir", "cosine", "variance", "mse", "snr", "ess")
@@ -130,29 +145,6 @@ def effective_sample_size(n: int, abs_mean: float, sq_mean: float) -> float:
     return n * abs_mean**2 / sq_mean if sq_mean > 0 else 0.0
 
 
-def khat_of_weights(weights) -> float:
-    """Pareto-smoothed importance-sampling k̂ of non-negative ``weights`` (S,).
-
-    Vehtari et al., "Pareto smoothed importance sampling", JMLR 2024: k̂ < 0.5 finite variance,
-    0.5–0.7 usable, > 0.7 unreliable. Delegates to :func:`simkit.mappings.psis.psis_khat` (on
-    log-weights, so zeros need care): zero weights are given the log-weight max − 1000, which
-    PSIS treats exactly as a zero (exp underflows) and which stays out of the fitted tail unless
-    fewer than the tail's M draws are positive. Conventions of ``psis_khat``: −inf when the
-    largest draws are all equal (bounded weights with few distinct values, e.g. a small bandit:
-    no tail), +inf with fewer than 25 draws; NaN here when every weight is 0.
-    """
-    w = np.asarray(weights, dtype=np.float64).ravel()
-    if w.size == 0 or np.any(w < 0) or not np.all(np.isfinite(w)):
-        raise ValueError("khat_of_weights needs a non-empty array of finite non-negative weights")
-    positive = w > 0
-    if not positive.any():
-        return math.nan
-    log_w = np.empty_like(w)
-    log_w[positive] = np.log(w[positive])
-    log_w[~positive] = log_w[positive].max() - 1000.0
-    return float(psis_khat(log_w))
-
-
 def _vectors(mean, grad_J):
     mean = np.asarray(mean, dtype=np.float64)
     grad_J = np.asarray(grad_J, dtype=np.float64)
@@ -206,12 +198,14 @@ def exact_moments(env, behaviour, estimator, n: int, params: str = "untied") -> 
     """
     est = as_estimator(estimator)
     params = _check_params(params)
-    why = _why_not_exact(est, env)
+    why = _why_not_exact(est, env, params)
     if why:
         kind = "is not per-sample" if not est.per_sample else "has no exact path"
         raise ValueError(f"estimator {est.name!r} {kind}: {why}")
     est.check_batch_size(n)
     mu = env.check_policy(behaviour, "behaviour")
+    if not _enumerable(env):  # beyond enumeration: the moment DP (untied parameters)
+        return _dp_moments(env, mu, est, n)
     baseline = oracle_baseline(env, mu, est)
     atoms = env.support(mu, baseline)
     mask = np.asarray(atoms.mask, dtype=bool)  # (M, T)
@@ -304,6 +298,14 @@ def tie(vectors, T: int) -> np.ndarray:
 def has_exact_path(env, estimator) -> bool:
     """True iff :func:`exact_moments` applies to ``estimator`` on ``env`` (see there)."""
     return not _why_not_exact(as_estimator(estimator), env)
+
+
+def _dp_moments(env, mu, est: Estimator, n: int) -> ExactMoments:
+    """Exact moments by the token-MDP DP (:mod:`simkit.envs.token_moments`), any T."""
+    m = dp_moments(
+        env, mu, est.mapping, oracle_baseline(env, mu, est), est.aggregation, est.max_length
+    )
+    return ExactMoments(mean=m.mean, variance=m.variance(n), ess=m.ess(n))
 
 
 @dataclass(frozen=True)
@@ -491,8 +493,8 @@ def exact_metrics(moments: ExactMoments, grad_J) -> dict[str, float]:
     return out
 
 
-def _why_not_exact(est: Estimator, env=None) -> str:
-    """Why ``est`` has no exact path on ``env`` ('' if it has one)."""
+def _why_not_exact(est: Estimator, env=None, params: str = "untied") -> str:
+    """Why ``est`` has no exact path on ``env`` ('' if it has one: enumeration or DP)."""
     reasons = []
     if est.mapping.batch_dependent:
         reasons.append(f"mapping {est.mapping.name!r} is batch dependent")
@@ -504,12 +506,23 @@ def _why_not_exact(est: Estimator, env=None) -> str:
                 "aggregation 'token-mean' divides by the batch's total number of tokens, which "
                 "is random when lengths vary (eos)"
             )
-        enumerable = getattr(env, "enumerable", None)
-        if enumerable is not None and not enumerable():
-            reasons.append(
-                f"the environment has {env.n_sequences} sequences, more than the enumeration budget"
+        if not reasons and not _enumerable(env):
+            why_dp = (
+                "the moment DP is for untied parameters"
+                if params != "untied"
+                else dp_applies(env, est.mapping, est.aggregation)
             )
+            if why_dp:
+                reasons.append(
+                    f"the environment has {env.n_sequences} sequences, more than the enumeration "
+                    f"budget, and {why_dp}"
+                )
     return " and ".join(reasons)
+
+
+def _enumerable(env) -> bool:
+    enumerable = getattr(env, "enumerable", None)
+    return enumerable is None or bool(enumerable())
 
 
 # --- the runner -----------------------------------------------------------------------------
@@ -530,6 +543,8 @@ _RESERVED = (
     *BOUNDED_METRICS,
     "khat",
     "exact",
+    "reliable",
+    "tail_draws",
     *(f"{k}_{s}" for k in BOUNDED_METRICS for s in ("lo", "hi")),
 )
 
@@ -578,7 +593,11 @@ def run(
     ``hp_`` if the name clashes with a column), the ``setting`` columns, ``T``, ``params``,
     ``n``, ``reps``,
     ``chi2_tok`` … ``tv_seq``, the metrics (module docstring) with ``*_lo``/``*_hi`` bounds (NaN
-    on exact rows), ``khat`` and ``exact``.
+    on exact rows), ``khat``, ``exact``, ``reliable`` (False when a Monte Carlo row's intervals
+    cannot be trusted — heavy or unseen tails; always True on exact rows; the rule and its
+    references are in :mod:`simkit.reliability`) and ``tail_draws`` (that rule's exact ν, the
+    expected number of draws in the tail carrying E c̄²; NaN on exact rows and where it cannot
+    be computed).
     """
     ests = _coerce_estimators(estimators)
     mu = env.check_policy(behaviour, "behaviour")
@@ -601,7 +620,7 @@ def run(
     for est in ests:
         est.check_batch_size(n)
     if exact is True:
-        why = {e.name: _why_not_exact(e, env) for e in ests}
+        why = {e.name: _why_not_exact(e, env, params) for e in ests}
         bad = [f"{name!r} ({reason})" for name, reason in why.items() if reason]
         if bad:
             raise ValueError(
@@ -609,7 +628,7 @@ def run(
                 + "; ".join(bad)
                 + ". Use exact='auto' to run them by Monte Carlo."
             )
-    use_exact = [exact is not False and not _why_not_exact(e, env) for e in ests]
+    use_exact = [exact is not False and not _why_not_exact(e, env, params) for e in ests]
 
     check_samples(reps, n, env.T)  # the batches are drawn at once: refuse what cannot fit
     draw_ss, boot_ss = np.random.SeedSequence(check_seed(seed)).spawn(2)
@@ -634,8 +653,10 @@ def run(
             draws = MonteCarloDraws(tie(draws.gradients, env.T), draws.coefficients, draws.mask)
         if is_exact:
             metrics = exact_metrics(exact_moments(env, mu, est, n, params), grad_J)
+            trusted, nu = True, math.nan
         else:
             metrics = monte_carlo_metrics(draws, grad_J, n, boot_weights, level)
+            trusted, nu = _reliability(env, mu, est, draws.gradients, grad_J, n)
         coeff = np.abs(draws.coefficients[draws.mask])
         rows.append(
             {
@@ -649,9 +670,21 @@ def run(
                 **metrics,
                 "khat": khat_of_weights(coeff),
                 "exact": is_exact,
+                "reliable": trusted,
+                "tail_draws": nu,
             }
         )
     return _tidy(rows, ests, list(setting))
+
+
+def _reliability(env, mu, est: Estimator, gradients, grad_J, n: int) -> tuple[bool, float]:
+    """(``reliable``, ``tail_draws``) of a Monte Carlo row (:mod:`simkit.reliability`)."""
+    g = np.asarray(gradients)
+    dev_sq = np.sum((g - g.mean(axis=0)) ** 2, axis=1)
+    err_sq = np.sum((g - grad_J) ** 2, axis=1)
+    khat_err, share = reliability.draw_checks(dev_sq, err_sq)
+    nu = reliability.tail_draws(env, mu, est, g.shape[0] * n, oracle_baseline(env, mu, est))
+    return reliability.is_reliable(khat_err, share, nu), nu
 
 
 def _coerce_estimators(estimators) -> list[Estimator]:
@@ -711,6 +744,8 @@ def _tidy(rows: list[dict], ests: list[Estimator], setting_cols: list[str]) -> p
         *metric_cols,
         "khat",
         "exact",
+        "reliable",
+        "tail_draws",
     ]
     return pd.DataFrame(rows).reindex(columns=cols)
 

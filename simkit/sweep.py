@@ -25,10 +25,10 @@ together on a new directory cannot both pass the check: the second one fails wit
 
 Re-running a sweep skips the cells that have an intact shard and retries the others (failed or
 never run). Every shard it would skip is verified first (:func:`verify_shard`: parquet footer
-readable, its ``cell`` column equal to the key, at least one row); a damaged one (truncated,
-zeroed by a careless disk) is deleted and recomputed, and the summary names it. Shards are
-written by the driver process (workers return tables), so a worker never touches the directory
-and a real cluster needs no shared filesystem.
+readable, its ``cell`` column equal to the key, the expected number of rows, one per estimator
+or per training step); a damaged one (truncated, zeroed by a careless disk) is deleted and
+recomputed, and the summary names it. Shards are written by the driver process (workers return
+tables), so a worker never touches the directory and a real cluster needs no shared filesystem.
 
 :func:`run_sweep` runs a sweep, :func:`load_results` reads its table (sorted in expansion order,
 identical for every backend), :func:`load_failures` the cells whose last attempt failed and
@@ -205,12 +205,12 @@ def finished_keys(out_dir) -> set[str]:
     return {p.name[: -len(SHARD_SUFFIX)] for p in cells.glob(f"*{SHARD_SUFFIX}") if p.is_file()}
 
 
-def verify_shard(path, key: str) -> str | None:
+def verify_shard(path, key: str, rows: int | None = None) -> str | None:
     """Why the shard ``path`` of cell ``key`` is damaged, or None if it is intact.
 
     Reads the parquet footer and the ``cell`` column only (cheap): a truncated or zeroed file
-    has no footer ("magic bytes not found"), a shard whose rows are not all the cell's, or that
-    has no row, is not the cell's result.
+    has no footer ("magic bytes not found"); a shard whose rows are not all the cell's, that
+    has no row, or (``rows`` given) not the expected number of rows, is not the cell's result.
     """
     import pyarrow.parquet as pq
 
@@ -222,6 +222,20 @@ def verify_shard(path, key: str) -> str | None:
         return "it has no rows"
     if any(v != key for v in column):
         return f"its 'cell' column is not the key {key!r}"
+    if rows is not None and len(column) != rows:
+        return f"it has {len(column)} rows, expected {rows}"
+    return None
+
+
+def expected_rows(cell) -> int | None:
+    """Rows of a finished cell's table: one per estimator (experiment), one per step (training
+    run); None if the cell's parameters do not say."""
+    params = cell.params
+    train = params.get("train")
+    if isinstance(train, dict) and isinstance(train.get("steps"), int):
+        return train["steps"]
+    if isinstance(params.get("estimators"), list) and params["estimators"]:
+        return len(params["estimators"])
     return None
 
 
@@ -259,6 +273,27 @@ def write_shard(table: pd.DataFrame, out_dir, key: str) -> Path:
         raise
     _fsync_dir(final.parent)
     return final
+
+
+def write_table(table: pd.DataFrame, path) -> Path:
+    """Write ``table`` to ``path`` (``.csv``, else parquet) atomically, as :func:`write_shard`
+    does: a killed process leaves the previous file or the complete new one, never a part."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}{TMP_MARKER}{uuid.uuid4().hex[:12]}")
+    try:
+        with open(tmp, "wb") as fh:
+            if path.suffix == ".csv":
+                fh.write(table.to_csv(index=False).encode("utf-8"))
+            else:
+                table.to_parquet(fh, index=False, engine="pyarrow")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return path
 
 
 def _fsync_dir(path: Path) -> None:
@@ -336,6 +371,29 @@ def _as_config(config_or_path):
     return config_or_path, None
 
 
+def _check_memory(cells, config_or_path) -> None:
+    """Refuse, before any cell runs, Monte Carlo batches that cannot fit (:mod:`simkit._memory`).
+
+    Each experiment cell draws its reps × n × T batch at once; a training cell's batches are
+    small (one rollout) and are not checked here.
+    """
+    from simkit._memory import MemoryLimitError, check_samples
+
+    where = f"{config_or_path}: " if isinstance(config_or_path, str | os.PathLike) else ""
+    sizes = {}
+    for cell in cells:
+        p = cell.params
+        if "reps" in p and "n" in p:
+            T = int(p.get("environment", {}).get("T", 1))
+            sizes.setdefault(int(p["reps"]) * int(p["n"]) * T, (int(p["reps"]), int(p["n"]), T))
+    if sizes:
+        reps, n, T = sizes[max(sizes)]
+        try:
+            check_samples(reps, n, T)
+        except MemoryLimitError as err:
+            raise SweepError(f"{where}{err} (in the config: reps, n or T)") from None
+
+
 def _canonical(config) -> str:
     return json.dumps(config.to_dict(), sort_keys=True, separators=(",", ":"))
 
@@ -398,15 +456,16 @@ def _check_not_foreign(out_dir: Path) -> None:
         )
 
 
-def _check_shards(out_dir: Path, keys) -> tuple[set[str], list[str]]:
+def _check_shards(out_dir: Path, cells) -> tuple[set[str], list[str]]:
     """(keys with an intact shard, paths of the damaged shards, which are deleted)."""
     done, damaged = set(), []
     present = finished_keys(out_dir)
-    for key in keys:
+    for cell in cells:
+        key = cell.key
         if key not in present:
             continue
         path = shard_path(out_dir, key)
-        if verify_shard(path, key) is None:
+        if verify_shard(path, key, expected_rows(cell)) is None:
             done.add(key)
         else:
             damaged.append(str(path))
@@ -546,6 +605,7 @@ def run_sweep(
     _check_out_dir(out_dir)
     config, source = _as_config(config_or_path)
     cells = _config.expand(config)
+    _check_memory(cells, config_or_path)
     keys = [c.key for c in cells]
     if len(set(keys)) != len(keys):  # pragma: no cover - expand() guarantees distinct keys
         raise SweepError("the expansion has repeated cell keys; the config repeats a setting")
@@ -558,7 +618,7 @@ def run_sweep(
         _prepare_directory(out_dir, config, source)
         _remove_stale_temporaries(out_dir)
         (out_dir / CELLS_DIR).mkdir(exist_ok=True)
-        done, damaged = _check_shards(out_dir, keys)
+        done, damaged = _check_shards(out_dir, cells)
         if damaged and progress:
             print(
                 f"sweep: {len(damaged)} damaged shard(s) will be recomputed: " + ", ".join(damaged),
@@ -608,7 +668,7 @@ def _check_out_dir(out_dir) -> None:
     try:
         check_output_dir(out_dir, "out_dir")
     except ValueError as err:
-        raise SweepError(str(err).replace("out_dir ", "--out ", 1)) from None
+        raise SweepError(str(err)) from None
 
 
 def _execute(cells, backend, workers, scheduler) -> Iterator[tuple[object, CellOutcome]]:
@@ -764,6 +824,7 @@ def run_config(
     check_backend(backend, workers)
     config, _ = _as_config(config_or_path)
     cells = _config.expand(config)
+    _check_memory(cells, config_or_path)
     from tqdm.auto import tqdm
 
     tables: dict[str, pd.DataFrame] = {}
@@ -809,6 +870,7 @@ __all__ = [
     "check_backend",
     "concat_tables",
     "execute_cell",
+    "expected_rows",
     "finished_keys",
     "load_failures",
     "load_results",
@@ -820,4 +882,5 @@ __all__ = [
     "single_threaded_blas",
     "verify_shard",
     "write_shard",
+    "write_table",
 ]

@@ -162,11 +162,13 @@ assert length_trap.kept_fraction_mis_seq(t_99, RHO, SIGMA, C) >= 0.99
 assert length_trap.kept_fraction_mis_seq(t_99 + 1, RHO, SIGMA, C) < 0.99
 
 # %% [markdown]
-# The mask keeps 99 % of the sequences only up to T = 362 — less than half of T* — half of
-# them at T* ≈ 806, and 13 % at T = 1200: a systematic drift of 0.2 % per token turns a
-# generous cap C = 5 into a filter that throws away most long responses. The drift of log W
-# grows like T and its spread only like √T, so the longer the responses, the sharper the
-# cut around T*.
+# The mask keeps 99 % of the π-drawn sequences only up to T = 362 — less than half of T* —
+# half of them at T* ≈ 806, and 13 % at T = 1200: the drift of log W grows like T and its
+# spread only like √T, so the longer the responses, the sharper the cut around T*. These are
+# sequences drawn from π, i.e. shares of π's mass. The trainer's rollouts come from μ, where
+# E_μ[W] = 1 and log W drifts *down*: by Markov, P_μ(W > C) ≤ 1/C, so the mask keeps at least
+# 80 % of μ's rollouts at every length — it keeps the rollouts but loses what they are worth
+# under π (the figure `length_trap`).
 #
 # ## Exercise 4 — GSPO and repetition
 #

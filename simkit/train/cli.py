@@ -19,6 +19,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from simkit.cli_errors import CLIError
+
 __all__ = ["register", "run"]
 
 #: options of the single-run form, with their defaults (a config file excludes them)
@@ -239,15 +241,13 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def _error(message: str):
-    from simkit.cli import CLIError
-
     raise CLIError(message)
 
 
 #: integer options of the single-run form and their smallest value (checked before any work,
-#: so that the message names the option typed, not an internal field)
+#: so that the message names the option typed, not an internal field; --V is checked, and
+#: named, by the environment's config)
 INT_OPTIONS = {
-    "V": 2,
     "T": 1,
     "env_seed": 0,
     "group_size": 1,
@@ -451,31 +451,47 @@ def _run_one(args) -> int:
     if args.out is not None and Path(args.out).exists():
         try:
             done = checkpoint_step(args.out) if (Path(args.out) / "run.json").exists() else 0
-        except TrainError as err:  # train() recovers from an earlier checkpoint, or restarts
-            print(f"warning: {str(err).split('; re-run')[0]}", file=sys.stderr)
+        except TrainError:  # damaged: train() warns, resumes from an earlier one or restarts
             done = 0
         if done:
             print(f"resuming {args.out} from step {done}", file=sys.stderr)
     try:
-        table = train(
-            env,
-            config,
-            seed=args.seed,
-            out_dir=args.out,
-            chunk_steps=args.chunk_steps,
-            stop_after=args.stop_after,
-            progress=not args.no_progress,
-        )
+        with _warnings_as_lines():  # a damaged checkpoint's fallback, as one line each
+            table = train(
+                env,
+                config,
+                seed=args.seed,
+                out_dir=args.out,
+                chunk_steps=args.chunk_steps,
+                stop_after=args.stop_after,
+                progress=not args.no_progress,
+            )
     except (TrainError, ValueError, FloatingPointError) as err:
         _error(_as_typed(str(err)))
     if args.table is not None:
-        if args.table.endswith(".csv"):
-            table.to_csv(args.table, index=False)
-        else:
-            table.to_parquet(args.table, index=False)
+        from simkit.sweep import write_table
+
+        write_table(table, args.table)  # atomically: never a half-written file
         print(f"table written to {args.table}", file=sys.stderr)
     print(_run_report(table, config, env.J(), optimal_J(env)))
     return 0
+
+
+def _warnings_as_lines():
+    """A context in which warnings print as ``simkit: warning: …`` lines (no source line)."""
+    import contextlib
+    import warnings
+
+    @contextlib.contextmanager
+    def context():
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", RuntimeWarning)
+            warnings.showwarning = lambda message, *_, **__: print(
+                f"simkit: warning: {message}", file=sys.stderr
+            )
+            yield
+
+    return context()
 
 
 def _check_outputs(out, table) -> None:
@@ -574,7 +590,7 @@ def _run_config(args) -> int:
     setting = [k for k in cells[0].columns if len({c.columns[k] for c in cells}) > 1]
     by = ["cell", *setting] if setting else ["cell"]
     runs = run_summary(table, by)
-    runs.to_csv(out / "summary.csv", index=False)
+    sweep.write_table(runs, out / "summary.csv")
     import pandas as pd
 
     shown = runs.drop(columns=["cell", "steps", "J_min_after_peak"])

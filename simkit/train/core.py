@@ -77,6 +77,7 @@ import pandas as pd
 
 from simkit.envs.token_mdp import TokenMDP
 from simkit.envs.token_sampling import accumulate_tokens, sample_tokens
+from simkit.estimator_specs import build_estimators, estimator_params
 from simkit.estimators import GROUP_ADVANTAGES, Estimator, as_estimator
 from simkit.train.mismatch import Mismatch, behaviour_log_probs, log_softmax
 from simkit.train.optim import OPTIMIZERS, clip_grad_norm, make_optimizer
@@ -292,8 +293,6 @@ class TrainConfig:
         """The config of a :func:`config_dict` (``TrainConfig.from_dict(config_dict(c)) ==
         c``): the estimator is rebuilt from its parameters (mapping, hyperparameters,
         aggregation, advantage, group size, name), the mismatch from its fields."""
-        from simkit.config import build_estimators
-
         if not isinstance(d, dict):
             raise TypeError(f"expected a dict, got {type(d).__name__}")
         unknown = sorted(set(d) - set(cls.__dataclass_fields__))
@@ -313,8 +312,6 @@ class TrainConfig:
 def config_dict(config: TrainConfig) -> dict:
     """A plain JSON-able dict describing ``config`` completely (estimator included); the
     inverse is :meth:`TrainConfig.from_dict`."""
-    from simkit.config import estimator_params
-
     out = {}
     for name in TrainConfig.__dataclass_fields__:
         value = getattr(config, name)
