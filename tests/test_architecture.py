@@ -25,6 +25,7 @@ PENDING = {
     "simkit/lm/models.py": "GGUF converter to move to its own module (issue 14 follow-up)",
     "simkit/sweep.py": "grown by issue 13 (locks, shard checks); split after it lands",
     "simkit/train/core.py": "grown by issues 13 and 16; split after they land",
+    "simkit/experiment.py": "grown by issues 12 and 15 (reliability, run(old=)); split after",
 }
 
 
