@@ -1,0 +1,85 @@
+"""The batch every loss kernel receives (:class:`_Batch`) and what a kernel returns
+(:class:`_Terms`), for :mod:`simkit.lm.losses`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from simkit.lm.losses.autograd import capped_exp
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """Validated inputs in the compute dtype; padded positions already neutralised.
+
+    ``log_ratio`` (N, T): log π − log μ, exactly 0 on padding; it carries the gradient to
+    ``log_prob`` for surrogate losses and is detached for detached ones. ``mask`` (N, T) bool and
+    ``maskf`` the same as 0/1 in the compute dtype. ``positive`` (N,) bool: A >= 0. ``lengths``
+    (N,) valid tokens per row (compute dtype). ``log_w`` (N,) detached Σ_t log r_t, ``log_s``
+    (N,) detached mean_t log r_t (0 for an empty row). ``lr_min``, ``lr_max``: the smallest and
+    largest entry of ``log_ratio`` (padding zeros included), as Python floats.
+    """
+
+    log_ratio: torch.Tensor
+    mask: torch.Tensor
+    maskf: torch.Tensor
+    positive: torch.Tensor
+    lengths: torch.Tensor
+    log_w: torch.Tensor
+    log_s: torch.Tensor
+    lr_min: float
+    lr_max: float
+    adv: torch.Tensor | None = None
+    log_prob: torch.Tensor | None = None
+    rng: object = None
+    full: bool = False
+
+    def per_row(self, value_pos: float, value_neg: float) -> torch.Tensor:
+        """(N,) tensor: ``value_pos`` on rows with A >= 0, ``value_neg`` on the others."""
+        pos = torch.tensor(value_pos, dtype=self.log_w.dtype, device=self.log_w.device)
+        neg = torch.tensor(value_neg, dtype=self.log_w.dtype, device=self.log_w.device)
+        return torch.where(self.positive, pos, neg)
+
+    def ratio(self, cap: float) -> torch.Tensor:
+        """r = exp(min(log r, cap)) (N, T), differentiable with ∂r/∂log r = r also above the cap
+        (:func:`capped_exp`); a plain ``exp`` when no log-ratio exceeds the cap."""
+        if self.lr_max <= cap:
+            return torch.exp(self.log_ratio)
+        return capped_exp(self.log_ratio, cap)
+
+    def ratio_value(self, log_ratio: torch.Tensor, cap: float) -> torch.Tensor:
+        """exp(min(``log_ratio``, cap)) without autograd, for a kernel that computes its own
+        derivative; ``log_ratio`` is this batch's (its detached values)."""
+        if self.lr_max <= cap:
+            return torch.exp(log_ratio)
+        return torch.exp(torch.clamp(log_ratio, max=cap))
+
+    def count_flags(self, flags: torch.Tensor) -> torch.Tensor:
+        """Number of True entries of ``flags`` (N, T) bool, which must be False wherever the
+        log-ratio is 0 (so on every padded position): the clipped valid tokens."""
+        return torch.count_nonzero(flags)
+
+    def count_rows(self, clipped: torch.Tensor) -> torch.Tensor:
+        """Number of valid tokens in the rows flagged by ``clipped`` (N,) bool."""
+        return torch.where(clipped, self.lengths, 0.0).sum()
+
+
+@dataclass(frozen=True)
+class _Terms:
+    """What a kernel returns.
+
+    Surrogate form: ``tok`` (N, T) is F (differentiable, finite everywhere, padding included).
+    Detached form: ``tok`` (N, T) the token coefficient c, or ``seq`` (N,) one coefficient per
+    row. ``n_clipped``: a function returning the number of clipped valid tokens as a 0-d tensor
+    (only called when metrics are requested; ``None``: the mapping never clips). ``extra``:
+    mapping-specific metrics (0-d tensors).
+    """
+
+    tok: torch.Tensor | None = None
+    seq: torch.Tensor | None = None
+    n_clipped: Callable[[], torch.Tensor] | None = None
+    extra: dict | None = None
+    penalty: torch.Tensor | None = None

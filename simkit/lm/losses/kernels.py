@@ -1,0 +1,458 @@
+"""The loss kernels, one per family of weight mappings: each ``kernel(mapping, batch) -> _Terms``
+implements the coefficient of ``simkit.mappings.<family>`` in torch, from the reference sheet,
+without calling the numpy implementation (the table of :mod:`simkit.lm.losses`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from simkit.lm.losses.autograd import analytic_surrogate, band_clamp
+from simkit.lm.losses.batch import _Batch, _Terms
+from simkit.lm.losses.batch_weights import m2po_removed, psis_smooth
+from simkit.mappings.base import Mapping
+from simkit.mappings.covariance import draw_subset
+from simkit.mappings.truncation import BATCH_NORM_EPS
+
+
+def _log(x: float) -> float:
+    """log x with log 0 = −inf (and a negative bound below every ratio: −inf)."""
+    return math.log(x) if x > 0 else -math.inf
+
+
+def _sequence_value_per_token(
+    log_value: torch.Tensor, log_ratio: torch.Tensor, gate: torch.Tensor | None = None
+) -> torch.Tensor:
+    """F_t = exp(sg(log_value_i) + g_i·(log r_t − sg(log r_t))): the value exp(log_value_i) on
+    every token of row i, derivative w.r.t. log r_t equal to g_i·value (verl's per-token form
+    of a sequence ratio: only token t's own log-probability is differentiated). ``log_value``,
+    ``gate`` (N,) (``gate`` 0/1; None = 1), ``log_ratio`` (N, T)."""
+    delta = log_ratio - log_ratio.detach()
+    if gate is not None:
+        delta = delta * gate[:, None]
+    return torch.exp(log_value.detach()[:, None] + delta)
+
+
+def _row_bounds(b: _Batch, lo_pos, hi_pos, lo_neg, hi_neg) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row bounds (lo, hi) as (N, 1) tensors for the sign of A."""
+    return b.per_row(lo_pos, lo_neg)[:, None], b.per_row(hi_pos, hi_neg)[:, None]
+
+
+def _naive(m, b: _Batch) -> _Terms:
+    return _Terms(seq=torch.ones_like(b.log_w))
+
+
+def _is_token(m, b: _Batch) -> _Terms:
+    return _Terms(tok=b.ratio(m.max_log_ratio))
+
+
+def _is_seq(m, b: _Batch) -> _Terms:
+    return _Terms(seq=torch.exp(torch.clamp(b.log_w, max=m.max_log_ratio)))
+
+
+def _power(m, b: _Batch) -> _Terms:
+    return _Terms(seq=torch.exp(m.alpha * torch.clamp(b.log_w, max=m.max_log_ratio)))
+
+
+def _snis(m, b: _Batch) -> _Terms:
+    N = b.log_w.shape[0]
+    return _Terms(seq=N * torch.softmax(b.log_w, dim=0))
+
+
+def _psis(m, b: _Batch) -> _Terms:
+    N = b.log_w.shape[0]
+    if N == 0:
+        return _Terms(seq=b.log_w.clone(), extra={"khat": torch.tensor(math.nan)})
+    log_smooth, khat = psis_smooth(b.log_w)
+    c = (N * torch.exp(log_smooth)).to(b.log_w.dtype)
+    return _Terms(seq=c, extra={"khat": torch.tensor(khat, dtype=torch.float64)})
+
+
+def _soft_shrink(m, b: _Batch) -> _Terms:
+    lam = m.lam
+    if lam == 1:
+        return _Terms(seq=torch.ones_like(b.log_w))
+    log_w = torch.clamp(b.log_w, max=m.max_log_ratio)
+    e = torch.exp(-log_w.abs())  # in [0, 1]: no overflow on either side
+    above = 1.0 / (lam + (1.0 - lam) * e)  # W >= 1: W/(1−λ+λW) = 1/(λ + (1−λ)/W)
+    below = e / (lam * e + (1.0 - lam))  # W < 1
+    return _Terms(seq=torch.where(log_w >= 0, above, below))
+
+
+def _clip_band(m, b: _Batch) -> _Terms:
+    """PPO / dual clip / DAPO: F = clamp(r, lo, hi) with lo = 0 (none), hi = 1+ε_high for A >= 0
+    and lo = 1−ε_low, hi = c_dual (∞ without dual clip) for A < 0 — PPO's min(rA, clip(r)A)
+    (and dual clip's max(·, c_dual·A) for A < 0). ∂F/∂log r = r inside [lo, hi], 0 outside."""
+    c_dual = getattr(m, "c_dual", math.inf)
+    lo, hi = _row_bounds(b, -math.inf, 1.0 + m.eps_high, 1.0 - m.eps_low, c_dual)
+    r = b.ratio(m.max_log_ratio)
+    F, outside = band_clamp(r, lo, hi)
+    finite_highs = [h for h in (1.0 + m.eps_high, c_dual) if math.isfinite(h)]
+    if b.lr_max > m.max_log_ratio and any(math.log(h) > m.max_log_ratio for h in finite_highs):
+        # a capped r = e^cap can sit inside the band while log r is above it: the band is
+        # decided on the log-ratio itself, as in simkit.mappings (only for tiny caps)
+        log_hi = b.per_row(math.log1p(m.eps_high), _log(c_dual))[:, None]
+        above = b.log_ratio.detach() > log_hi
+        F = torch.where(above, hi, F)
+        outside = outside | above
+    # lo <= 1 <= hi: a padded position (r = 1) is never flagged
+    return _Terms(tok=F, n_clipped=lambda: b.count_flags(outside))
+
+
+def _gspo(m, b: _Batch) -> _Terms:
+    """GSPO: F_t = clip(s_t) with s_t = exp(sg(log s) + log r_t − sg(log r_t)) (verl's
+    ``compute_policy_loss_gspo``, TRL's importance_sampling_level="sequence")."""
+    log_s = torch.clamp(b.log_s, max=m.max_log_ratio)
+    lo = b.per_row(-math.inf, _log(1.0 - m.eps_low))
+    cap = m.grad_log_cap  # verl's clamp(log s, max=10): zero gradient above (preset "verl")
+    hi = b.per_row(min(math.log1p(m.eps_high), cap), cap)
+    in_band = (b.log_s >= lo) & (b.log_s <= hi)
+    # outside the band F is the clipped value (constant); 1 − ε_low <= 0 never clips
+    bound = b.per_row(1.0 + m.eps_high, max(1.0 - m.eps_low, 1e-30))
+    log_value = torch.where(in_band, log_s, torch.log(bound))
+    F = _sequence_value_per_token(log_value, b.log_ratio, in_band.to(b.log_w.dtype))
+    return _Terms(tok=F, n_clipped=lambda: b.count_rows(~in_band))
+
+
+def _gmpo(m, b: _Batch) -> _Terms:
+    """GMPO: log r_t clipped to [−ε_low, ∞) (A < 0) or (−∞, ε_high] (A >= 0); R = exp(mean of
+    the clipped values); F_t = exp(sg(log R) + (ℓ_t − sg(ℓ_t))) with ℓ_t the clipped log-ratio,
+    whose derivative is 1 where token t is not clipped: c_t = R·1[not clipped]."""
+    lo, hi = _row_bounds(b, -math.inf, m.eps_high, -m.eps_low, math.inf)
+    with torch.no_grad():
+        lr = b.log_ratio.detach()
+        clipped_lr = torch.maximum(torch.minimum(lr, hi), lo)  # padding: 0 stays 0
+        clipped = clipped_lr != lr
+        log_R = clipped_lr.sum(dim=1) / b.lengths.clamp(min=1)
+        R = torch.exp(torch.clamp(log_R, max=m.max_log_ratio))[:, None]
+
+    def value_and_derivative(_):
+        kept = torch.logical_not(clipped).view(torch.uint8).to(R.dtype)
+        return R.expand(clipped.shape), kept.mul_(R)
+
+    F = analytic_surrogate(b.log_ratio, value_and_derivative)
+    return _Terms(tok=F, n_clipped=lambda: b.count_flags(clipped))
+
+
+def _sapo(m, b: _Batch) -> _Terms:
+    """SAPO: F = (4/τ)·σ(τ(r − 1)), τ = τ_pos (A >= 0) or τ_neg (A < 0)."""
+    tau = b.per_row(m.tau_pos, m.tau_neg)[:, None]
+
+    def value_and_derivative(lr):
+        # c = r·F'(r) = 4r·σ(x)·σ(−x), x = τ(r − 1): both sigmoids are accurate in their tails,
+        # where σ(x)·(1 − σ(x)) would lose every digit of 1 − σ
+        r = b.ratio_value(lr, m.max_log_ratio)
+        x = (r - 1.0).mul_(tau)
+        s = torch.sigmoid(x)
+        c = torch.sigmoid(x.neg_()).mul_(s).mul_(r).mul_(4.0)
+        return s.mul_(4.0 / tau), c
+
+    return _Terms(tok=analytic_surrogate(b.log_ratio, value_and_derivative))
+
+
+def _luffy(m, b: _Batch) -> _Terms:
+    """LUFFY: F = κ·r/(r + γ), written κ·(1 − γ/(r + γ)) so that F' = κγ/(r+γ)² has no
+    cancellation; κ = (1+γ)²/γ with ``normalize`` (c(1) = 1), else 1."""
+    gamma = m.gamma
+    scale = (1.0 + gamma) ** 2 / gamma if m.normalize else 1.0
+
+    def value_and_derivative(lr):
+        r = b.ratio_value(lr, m.max_log_ratio)
+        d = r + gamma
+        q = r / d  # r/(r + γ) in [0, 1)
+        c = (q / d).mul_(scale * gamma)  # κγr/(r + γ)²
+        return q.mul_(scale), c
+
+    return _Terms(tok=analytic_surrogate(b.log_ratio, value_and_derivative))
+
+
+def _aspo(m, b: _Batch) -> _Terms:
+    """ASPO: ρ_t = exp(sg(log w_t) + ℓ_t − sg(ℓ_t)) with w_t = min(1/r_t, c_dual) (A >= 0, the
+    flipped ratio π_old·π/sg(π²), soft-clipped) or min(r_t, c_dual) (A < 0), and ℓ_t the log-ratio
+    clamped to the PPO band [log(1−ε_low), log c_dual] (A < 0) or (−∞, log(1+ε_high)] (A >= 0):
+    the gradient w_t·1[inside the band]."""
+    lr = b.log_ratio
+    log_cap = math.log(m.c_dual)
+    sign = b.per_row(-1.0, 1.0)[:, None]
+    lo, hi = _row_bounds(b, -math.inf, math.log1p(m.eps_high), _log(1.0 - m.eps_low), log_cap)
+    with torch.no_grad():
+        outside = torch.maximum(torch.minimum(lr.detach(), hi), lo) != lr.detach()
+
+    def value_and_derivative(lr):
+        weight = torch.exp(torch.clamp(lr * sign, max=log_cap))
+        inside = torch.logical_not(outside).view(torch.uint8).to(weight.dtype)
+        return weight, inside.mul_(weight)
+
+    F = analytic_surrogate(lr, value_and_derivative)
+
+    def n_clipped():
+        if -b.lr_min <= log_cap:  # no flipped weight reaches the cap
+            return b.count_flags(outside)
+        capped = b.positive[:, None] & (-lr.detach() > log_cap)
+        return b.count_flags(outside | capped)
+
+    return _Terms(tok=F, n_clipped=n_clipped)
+
+
+def _clamped_ratio(b: _Batch, low: float, high: float, max_log_ratio: float) -> _Terms:
+    """c_t = clip(r_t, low, high) as exp(clip(log r_t, log low, min(log high, cap)))."""
+    lr = b.log_ratio
+    lo, hi = _log(low), _log(high)
+    if lo <= b.lr_min and hi >= b.lr_max:  # nothing to clip
+        return _Terms(tok=torch.exp(torch.clamp(lr, max=max_log_ratio)), n_clipped=None)
+    clipped_lr = torch.clamp(lr, lo, hi)
+    c = torch.exp(clipped_lr if hi <= max_log_ratio else torch.clamp(clipped_lr, max=max_log_ratio))
+    # low <= 1 <= high: a padded position (log r = 0) is never flagged
+    return _Terms(tok=c, n_clipped=lambda: b.count_flags(clipped_lr != lr))
+
+
+def _cispo(m, b: _Batch) -> _Terms:
+    return _clamped_ratio(b, max(1.0 - m.eps_low, 0.0), 1.0 + m.eps_high, m.max_log_ratio)
+
+
+def _tis_token(m, b: _Batch) -> _Terms:
+    return _clamped_ratio(b, m.c_low, m.c_high, m.max_log_ratio)
+
+
+def _tis_seq(m, b: _Batch) -> _Terms:
+    cap = min(_log(m.c), m.max_log_ratio)
+    c = torch.exp(torch.clamp(b.log_w, max=cap))
+    return _Terms(seq=c, n_clipped=lambda: b.count_rows(b.log_w > _log(m.c)))
+
+
+def _mis_token(m, b: _Batch) -> _Terms:
+    lr = b.log_ratio
+    lo, hi = _log(m.c_low), _log(m.c_high)
+    r = torch.exp(torch.clamp(lr, max=min(hi, m.max_log_ratio)))
+    if lo > b.lr_min and hi < b.lr_max:
+        dropped = (lr < lo) | (lr > hi)
+    elif lo > b.lr_min:
+        dropped = lr < lo
+    elif hi < b.lr_max:
+        dropped = lr > hi
+    else:  # every log-ratio is inside the band
+        return _Terms(tok=r, n_clipped=None)
+    # c_low <= 1 <= c_high: a padded position (log r = 0) is never dropped
+    kept = torch.logical_not(dropped).view(torch.uint8).to(r.dtype)
+    return _Terms(tok=r * kept, n_clipped=lambda: b.count_flags(dropped))
+
+
+def _mis_seq(m, b: _Batch) -> _Terms:
+    keep = (b.log_w >= _log(m.c_low)) & (b.log_w <= _log(m.c_high))
+    w = torch.exp(torch.clamp(b.log_w, max=m.max_log_ratio))
+    return _Terms(seq=torch.where(keep, w, 0.0), n_clipped=lambda: b.count_rows(~keep))
+
+
+def _geo_mask(m, b: _Batch) -> _Terms:
+    keep = (b.log_s >= math.log(m.c_low)) & (b.log_s <= _log(m.c_high))
+    keepf = keep.to(b.log_w.dtype)
+    if m.base == "one":
+        return _Terms(seq=keepf, n_clipped=lambda: b.count_rows(~keep))
+    lr = b.log_ratio
+    c = torch.exp(torch.clamp(lr, max=min(_log(m.tis_c), m.max_log_ratio))) * keepf[:, None]
+
+    def n_clipped():
+        truncated = keep[:, None] & (lr > _log(m.tis_c))  # tis_c >= 1: never on padding
+        return b.count_rows(~keep) + b.count_flags(truncated)
+
+    return _Terms(tok=c, n_clipped=n_clipped)
+
+
+def _opsm(m, b: _Batch) -> _Terms:
+    dropped = (b.log_s < -m.delta) & ~b.positive
+    return _Terms(seq=(~dropped).to(b.log_w.dtype), n_clipped=lambda: b.count_rows(dropped))
+
+
+def _token_veto(m, b: _Batch) -> _Terms:
+    # padding holds log r = 0 and log τ <= 0, so the row minimum including padding is below
+    # log τ exactly when the minimum over the valid tokens is (an empty row is never vetoed)
+    if b.log_ratio.shape[1]:
+        vetoed = b.log_ratio.amin(dim=1) < _log(m.tau)
+    else:
+        vetoed = torch.zeros_like(b.positive)
+    return _Terms(seq=(~vetoed).to(b.log_w.dtype), n_clipped=lambda: b.count_rows(vetoed))
+
+
+def _m2po(m, b: _Batch) -> _Terms:
+    removed = m2po_removed(b.log_ratio, b.mask, b.positive, m.tau, m.trust_region_only)
+    r = b.ratio(m.max_log_ratio)
+    if removed is None:
+        return _Terms(tok=r, n_clipped=None)
+    kept = torch.logical_not(removed).view(torch.uint8).to(r.dtype)
+    return _Terms(tok=r * kept, n_clipped=lambda: b.count_flags(removed))
+
+
+def _topr(m, b: _Batch) -> _Terms:
+    w = torch.exp(torch.clamp(b.log_w, max=0.0))
+    truncated = ~b.positive & (b.log_w > 0)
+    return _Terms(seq=torch.where(b.positive, 1.0, w), n_clipped=lambda: b.count_rows(truncated))
+
+
+def _vespo(m, b: _Batch) -> _Terms:
+    cap_tok, cap_seq = m.max_log_ratio_tok, m.max_log_ratio_seq
+    log_w = torch.clamp(b.log_ratio, -cap_tok, cap_tok).sum(dim=1)  # padding: clamp(0) = 0
+    log_w = torch.clamp(log_w, m.min_log_ratio_seq, cap_seq)
+    k = b.per_row(m.k_pos, m.k_neg)
+    lam = b.per_row(m.lambda_pos, m.lambda_neg)
+    phi = torch.exp(k * log_w + lam * (1.0 - torch.exp(log_w)))
+    return _Terms(seq=torch.nan_to_num(phi, nan=0.0, posinf=0.0, neginf=0.0))
+
+
+def _kl_rs(m, b: _Batch) -> _Terms:
+    """verl ``compute_rollout_rejection_mask`` (b178a3c): k2 = ½x², k3 = e^x − 1 − x of
+    x = clamp(log r, ±cap), per token or summed / averaged / maximised over the row; AND."""
+    with torch.no_grad():
+        x = b.log_ratio.detach()
+        if b.lr_min < -m.max_log_ratio or b.lr_max > m.max_log_ratio:
+            x = torch.clamp(x, -m.max_log_ratio, m.max_log_ratio)
+        terms = {}
+        keep = b.mask.clone()
+        row_ok = torch.ones_like(b.positive)
+        for crit, u in m.rules:
+            kind = crit[-2:]
+            if kind not in terms:  # padding: x = 0 ⇒ k = 0
+                terms[kind] = 0.5 * x * x if kind == "k2" else torch.expm1(x) - x
+            k = terms[kind]
+            if crit.startswith("token_"):
+                keep &= k <= u
+                continue
+            if crit.startswith("seq_max"):  # k >= 0 and 0 on padding: an empty row gives 0
+                stat = k.amax(dim=1) if k.shape[1] else torch.zeros_like(b.log_w)
+            else:
+                stat = k.sum(dim=1)
+                if crit.startswith("seq_mean"):
+                    stat = stat / b.lengths.clamp(min=1)
+            row_ok &= stat <= u
+        keep &= row_ok[:, None]
+    rejected = b.mask & ~keep
+    return _Terms(tok=keep.to(b.log_w.dtype), n_clipped=lambda: b.count_flags(rejected))
+
+
+def _tis_token_normalised(m, b: _Batch) -> _Terms:
+    terms = _clamped_ratio(b, m.c_low, m.c_high, m.max_log_ratio)
+    if not m.batch_normalize:
+        return terms
+    n = b.lengths.sum()
+    mean = (terms.tok * b.maskf).sum() / n.clamp(min=1)
+    scale = torch.where(mean > BATCH_NORM_EPS, mean, torch.ones_like(mean))
+    return _Terms(tok=terms.tok / scale, n_clipped=terms.n_clipped)
+
+
+def _tis_seq_normalised(m, b: _Batch) -> _Terms:
+    terms = _tis_seq(m, b)
+    if not m.batch_normalize:
+        return terms
+    nonempty = (b.lengths > 0).to(b.log_w.dtype)
+    mean = (terms.seq * nonempty).sum() / nonempty.sum().clamp(min=1)
+    scale = torch.where(mean > BATCH_NORM_EPS, mean, torch.ones_like(mean))
+    return _Terms(seq=terms.seq / scale, n_clipped=terms.n_clipped)
+
+
+def _covariance(b: _Batch) -> torch.Tensor:
+    """verl's cov_all = (A − mean A)(log π − mean log π), means over valid tokens (detached);
+    −inf on padding."""
+    with torch.no_grad():
+        n = b.lengths.sum().clamp(min=1)
+        mean_a = (b.adv * b.lengths).sum() / n
+        mean_lp = b.log_prob.sum() / n  # log_prob is 0 on padding
+        cov = (b.log_prob - mean_lp).mul_((b.adv - mean_a)[:, None])
+        if b.full:
+            return cov
+        return cov.masked_fill_(~b.mask, -math.inf)
+
+
+def _clip_cov(m, b: _Batch) -> _Terms:
+    """verl ``compute_policy_loss_clip_cov`` (b178a3c): PPO's clipped surrogate; a random
+    max(⌊ρ·#valid⌋, 1) of the unclipped tokens with lb < cov < ub are detached (F·0). The
+    permutation is the numpy Generator's (``rng``), as :class:`simkit.mappings.ClipCov`."""
+    terms = _clip_band(m, b)
+    cov = _covariance(b)
+    with torch.no_grad():
+        lr = b.log_ratio.detach()
+        adv = b.adv[:, None]
+        clipped = ((adv > 0) & (lr > math.log1p(m.eps_high))) | (
+            (adv < 0) & (lr < _log(1.0 - m.eps_low))
+        )
+        cand = b.mask & ~clipped & (cov > m.lb) & (cov < m.ub)
+        idx = torch.nonzero(cand.reshape(-1)).reshape(-1)
+        detached = torch.zeros_like(b.mask)
+        if idx.numel():
+            n_valid = int(b.lengths.sum())
+            picks = draw_subset(b.rng, idx.numel(), max(int(m.ratio * n_valid), 1))
+            chosen = idx[torch.as_tensor(picks, device=idx.device)]
+            detached = detached.reshape(-1).index_fill(0, chosen, True).reshape(b.mask.shape)
+        keep = torch.logical_not(detached).view(torch.uint8).to(terms.tok.dtype)
+    F = terms.tok * keep
+
+    def n_clipped():
+        return terms.n_clipped() + b.count_flags(detached)
+
+    return _Terms(tok=F, n_clipped=n_clipped)
+
+
+def _kl_cov(m, b: _Batch) -> _Terms:
+    """verl ``compute_policy_loss_kl_cov`` (b178a3c): −A·r everywhere, + κ·|log r| on the
+    k = max(1, ⌊ρ·#valid⌋) valid tokens of largest covariance (ties: first in row-major order)."""
+    cov = _covariance(b)  # −inf on padding: never among the k <= #valid largest
+    with torch.no_grad():
+        n_valid = int(b.lengths.sum())
+        selected = torch.zeros_like(b.mask)
+        if n_valid:
+            k = max(1, int(n_valid * m.ratio))
+            chosen = _top_k_first(cov.reshape(-1), k)
+            selected = selected.reshape(-1).index_fill(0, chosen, True).reshape(b.mask.shape)
+        sel = selected.view(torch.uint8).to(b.log_w.dtype)
+    penalty = b.log_ratio.abs() * sel * m.kappa if m.kappa > 0 else None
+    # clipped: penalised tokens where the penalty acts (log r ≠ 0; on-policy it is 0)
+    return _Terms(
+        tok=b.ratio(m.max_log_ratio),
+        n_clipped=lambda: b.count_flags(selected & (b.log_ratio.detach() != 0)),
+        penalty=penalty,
+    )
+
+
+def _top_k_first(values: torch.Tensor, k: int) -> torch.Tensor:
+    """Positions of the k largest ``values`` (1-D), ties at the k-th value first by position
+    (as :func:`simkit.mappings.covariance.top_k_first`): ``torch.topk`` for the k-th value,
+    then the strictly larger ones and the first ties."""
+    k = min(k, values.numel())
+    kth = torch.topk(values, k).values[-1]
+    above = torch.nonzero(values > kth).reshape(-1)
+    ties = torch.nonzero(values == kth).reshape(-1)[: k - above.numel()]
+    return torch.sort(torch.cat([above, ties])).values
+
+
+_KERNELS: dict[str, Callable[[Mapping, _Batch], _Terms]] = {
+    "naive": _naive,
+    "is_token": _is_token,
+    "is_seq": _is_seq,
+    "power": _power,
+    "snis": _snis,
+    "psis": _psis,
+    "soft_shrink": _soft_shrink,
+    "ppo_clip": _clip_band,
+    "dual_clip": _clip_band,
+    "dapo": _clip_band,
+    "gspo": _gspo,
+    "gmpo": _gmpo,
+    "sapo": _sapo,
+    "luffy": _luffy,
+    "aspo": _aspo,
+    "cispo": _cispo,
+    "tis_token": _tis_token_normalised,
+    "tis_seq": _tis_seq_normalised,
+    "mis_token": _mis_token,
+    "mis_seq": _mis_seq,
+    "icepop": _mis_token,
+    "geo_mask": _geo_mask,
+    "opsm": _opsm,
+    "token_veto": _token_veto,
+    "m2po": _m2po,
+    "topr": _topr,
+    "vespo": _vespo,
+    "kl_rs": _kl_rs,
+    "clip_cov": _clip_cov,
+    "kl_cov": _kl_cov,
+}

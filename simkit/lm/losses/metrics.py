@@ -1,0 +1,108 @@
+"""The metrics of the torch losses (clip fraction, ESS, χ², KL estimators, log-ratio range),
+from one host synchronisation; the list is in the docstring of :mod:`simkit.lm.losses`."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from simkit.lm.losses.batch import _Batch, _Terms
+
+METRICS = (
+    "clip_frac",
+    "ess",
+    "chi2_tok",
+    "chi2_seq",
+    "kl_k1",
+    "kl_k3",
+    "kl_k1_seq",
+    "kl_k3_seq",
+    "log_ratio_mean",
+    "log_ratio_abs_max",
+)
+
+
+def _extremes(x: torch.Tensor) -> tuple[float, float]:
+    """(min, max) of a tensor as Python floats (NaN if it holds a NaN; 0, 0 if empty)."""
+    if x.numel() == 0:
+        return 0.0, 0.0
+    lo, hi = torch.aminmax(x.detach())
+    return tuple(torch.stack([lo, hi]).tolist())  # aminmax propagates NaN
+
+
+def _metrics(b: _Batch, terms: _Terms) -> dict[str, float]:
+    """Every metric of the module docstring, from one host synchronisation."""
+    with torch.no_grad():
+        lr = b.log_ratio.detach()
+        N = lr.shape[0]
+        n_valid = max(lr.numel(), 1)
+        zero = torch.zeros((), dtype=torch.float64, device=lr.device)
+        n_clipped = terms.n_clipped() if terms.n_clipped is not None else zero
+        # Σ(r² − 1) and Σ(r − 1 − log r) over valid tokens (padding: log r = 0 adds 0). Direct
+        # sums of e = expm1(log r) when no e² can overflow the compute dtype (r² − 1 = e² + 2e),
+        # else in float64 with Σr² in log space (reported inf only beyond the float64 range)
+        limit = 0.5 * (math.log(torch.finfo(lr.dtype).max) - math.log(n_valid)) - 1.0
+        log_w = b.log_w.to(torch.float64)
+        if lr.numel() == 0:
+            token_stats = [zero, zero]
+        elif b.lr_max <= limit:
+            e = torch.expm1(lr).reshape(-1)  # r − 1 without cancellation; 0 on padding
+            # Σ(r² − 1) = Σ(e² + 2e) and Σ(r − 1 − log r) = Σ(e − log r), each term accurate
+            sum_r2m1 = torch.dot(e, e) + 2.0 * e.sum()
+            token_stats = [sum_r2m1, e.sub_(lr.reshape(-1)).sum()]
+        else:
+            lr64 = lr.to(torch.float64)
+            shift = max(b.lr_max, 0.0)
+            log_sum_r2 = torch.log(((lr64 - shift) * 2.0).exp_().mul_(b.maskf).sum()) + 2.0 * shift
+            token_stats = [log_sum_r2, (torch.expm1(lr64) - lr64).sum()]
+        if N:
+            seq_stats = [
+                torch.logsumexp(2.0 * log_w, dim=0),
+                torch.logsumexp(log_w, dim=0),
+                (torch.expm1(log_w) - log_w).sum(),
+            ]
+        else:
+            seq_stats = [zero, zero, zero]
+        stats = [n_clipped, b.lengths.sum(), log_w.sum(), *token_stats, *seq_stats]
+        extra = terms.extra or {}
+        stats += [v.to(lr.device) for v in extra.values()]
+        values = torch.stack([s.to(torch.float64) for s in stats]).tolist()
+    clipped, n_tok, sum_lr, tok_a, sum_k3, lse2_seq, lse_seq, sum_k3_seq = values[:8]
+    out = dict.fromkeys(METRICS, math.nan)
+    if n_tok > 0:
+        if lr.numel() and b.lr_max <= limit:
+            chi2_tok = tok_a / n_tok
+        else:
+            chi2_tok = _expm1(tok_a - math.log(n_tok))
+        out.update(
+            clip_frac=clipped / n_tok,
+            chi2_tok=chi2_tok,
+            kl_k1=-sum_lr / n_tok,
+            kl_k3=sum_k3 / n_tok,
+            log_ratio_mean=sum_lr / n_tok,
+            log_ratio_abs_max=max(abs(b.lr_min), abs(b.lr_max)),
+        )
+    if N > 0:
+        out.update(
+            ess=_exp(2.0 * lse_seq - lse2_seq - math.log(N)),
+            chi2_seq=_expm1(lse2_seq - math.log(N)),
+            kl_k1_seq=-sum_lr / N,
+            kl_k3_seq=sum_k3_seq / N,
+        )
+    out.update(zip(extra, values[8:], strict=True))
+    return out
+
+
+def _exp(x: float) -> float:
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
+
+
+def _expm1(x: float) -> float:
+    try:
+        return math.expm1(x)
+    except OverflowError:
+        return math.inf
