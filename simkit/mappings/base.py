@@ -360,13 +360,26 @@ def banded_ratio_kernel(lo: np.ndarray, hi: np.ndarray, max_log_ratio: float):
 
     r_t = exp(min(log r_t, max_log_ratio)); infinite band ends skip their comparison.
     """
-    check_lo = bool(np.any(lo > -np.inf))
-    check_hi = bool(np.any(hi < np.inf))
+    zero_outside = band_zeroing(lo, hi)
     cap = min(max_log_ratio, float(np.max(hi))) if hi.size else max_log_ratio
 
     def kernel(lr, out, tmp, rows):
         np.minimum(lr, cap, out=out)
         np.exp(out, out=out)
+        zero_outside(lr, out, rows)
+
+    return kernel
+
+
+def band_zeroing(lo: np.ndarray, hi: np.ndarray):
+    """``zero_outside(lr, out, rows)``: set ``out`` to 0 where a block's log-ratio ``lr`` leaves
+    the per-row log-space band [lo_i, hi_i] (``lo``, ``hi`` (N,); ``rows`` the block's rows, as
+    :func:`map_blocks` passes them). An end that is infinite for every row skips its comparison.
+    """
+    check_lo = bool(np.any(lo > -np.inf))
+    check_hi = bool(np.any(hi < np.inf))
+
+    def zero_outside(lr, out, rows):
         flags = np.empty(lr.shape, dtype=bool)
         if check_hi:
             np.greater(lr, hi[rows, None], out=flags)
@@ -375,7 +388,7 @@ def banded_ratio_kernel(lo: np.ndarray, hi: np.ndarray, max_log_ratio: float):
             np.less(lr, lo[rows, None], out=flags)
             np.copyto(out, 0.0, where=flags)
 
-    return kernel
+    return zero_outside
 
 
 def clamped_ratio_kernel(lo: np.ndarray, hi: np.ndarray):

@@ -28,6 +28,16 @@ from simkit.mappings.base import (
 from simkit.mappings.psis import psis_smooth
 
 
+class _UnitRatioCurves:
+    """φ(w) = F(w) = w: the curves of plain importance sampling."""
+
+    def phi(self, w, positive=True):
+        return as_ratio(w).copy()
+
+    def f(self, w, positive=True):
+        return as_ratio(w).copy()
+
+
 @register
 @dataclass(frozen=True)
 class Naive(ScalarMapping):
@@ -53,7 +63,7 @@ class Naive(ScalarMapping):
 
 @register
 @dataclass(frozen=True)
-class TokenIS(ScalarMapping):
+class TokenIS(_UnitRatioCurves, ScalarMapping):
     """Token importance sampling, ``c_t = r_t = exp(log_ratio_t)``; surrogate F(w) = w.
 
     The "first-order" approximation of sequence IS (VESPO, arXiv 2602.10693, App. A); biased
@@ -80,16 +90,10 @@ class TokenIS(ScalarMapping):
 
         return map_blocks(log_ratio, mask, kernel)
 
-    def phi(self, w, positive=True):
-        return as_ratio(w).copy()
-
-    def f(self, w, positive=True):
-        return as_ratio(w).copy()
-
 
 @register
 @dataclass(frozen=True)
-class SequenceIS(ScalarMapping):
+class SequenceIS(_UnitRatioCurves, ScalarMapping):
     """Sequence importance sampling, ``c_t = W = exp(Σ_t log r_t)`` on every token; F(w) = w.
 
     Unbiased for the sequence objective; Var grows like (1+χ²)^T (independent tokens:
@@ -106,12 +110,6 @@ class SequenceIS(ScalarMapping):
 
     def _coefficients(self, log_ratio, mask, advantages):
         return broadcast_seq(clamped_exp(seq_log_ratio(log_ratio, mask), self.max_log_ratio), mask)
-
-    def phi(self, w, positive=True):
-        return as_ratio(w).copy()
-
-    def f(self, w, positive=True):
-        return as_ratio(w).copy()
 
 
 @register

@@ -20,6 +20,7 @@ from simkit.mappings.base import (
     as_ratio,
     band_mask_1d,
     band_phi,
+    band_zeroing,
     banded_ratio_kernel,
     broadcast_seq,
     check_max_log_ratio,
@@ -259,17 +260,10 @@ class GMPO(Mapping):
         n = seq_lengths(mask)
         log_R = np.divide(clipped_sum, n, out=np.zeros(N), where=n > 0)
         R = np.exp(np.minimum(log_R, self.max_log_ratio))
-        check_lo = bool(np.any(lo > -np.inf))
-        check_hi = bool(np.any(hi < np.inf))
+        zero_outside = band_zeroing(lo, hi)
 
         def kernel(lr, out, tmp, rows):
             out[...] = R[rows, None]
-            flags = np.empty(lr.shape, dtype=bool)
-            if check_hi:
-                np.greater(lr, hi[rows, None], out=flags)
-                np.copyto(out, 0.0, where=flags)
-            if check_lo:
-                np.less(lr, lo[rows, None], out=flags)
-                np.copyto(out, 0.0, where=flags)
+            zero_outside(lr, out, rows)
 
         return map_blocks(log_ratio, mask, kernel)

@@ -19,6 +19,7 @@ from simkit.mappings.base import (
     as_ratio,
     band_f,
     band_phi,
+    band_zeroing,
     check_bool,
     check_max_log_ratio,
     check_real,
@@ -180,20 +181,13 @@ class ASPO(ScalarMapping):
         lo = per_row(pos, -math.inf, safe_log(1.0 - self.eps_low))
         hi = per_row(pos, math.log1p(self.eps_high), math.log(self.c_dual))
         log_cap = math.log(self.c_dual)
-        check_lo = bool(np.any(lo > -np.inf))
-        check_hi = bool(np.any(hi < np.inf))
+        zero_outside = band_zeroing(lo, hi)
 
         def kernel(lr, out, tmp, rows):
             np.multiply(lr, sign[rows, None], out=out)  # −log r (A ≥ 0), log r (A < 0)
             np.minimum(out, log_cap, out=out)
             np.exp(out, out=out)
-            flags = np.empty(lr.shape, dtype=bool)
-            if check_hi:
-                np.greater(lr, hi[rows, None], out=flags)
-                np.copyto(out, 0.0, where=flags)
-            if check_lo:
-                np.less(lr, lo[rows, None], out=flags)
-                np.copyto(out, 0.0, where=flags)
+            zero_outside(lr, out, rows)
 
         return map_blocks(log_ratio, mask, kernel)
 

@@ -54,6 +54,33 @@ def _normalise(c: np.ndarray, count: int) -> None:
             np.divide(c, mean, out=c)
 
 
+def _check_ratio_band(m) -> None:
+    """Validate a ratio band c_low ∈ [0, 1], c_high ∈ [1, ∞] and ``max_log_ratio``."""
+    check_real(m, "c_low", low=0.0, high=1.0)
+    check_real(m, "c_high", low=1.0, high=math.inf, allow_inf=True)
+    check_max_log_ratio(m)
+
+
+class _ClampedRatioCurves:
+    """φ and F of a clamped weight clip(w, low, high), (low, high) = ``self.bounds``."""
+
+    def phi(self, w, positive=True):
+        return clamp_ratio_phi(as_ratio(w), *self.bounds)
+
+    def f(self, w, positive=True):
+        return clamp_ratio_f(as_ratio(w), *self.bounds)
+
+
+class _MaskedRatioCurves:
+    """φ and F of a masked weight w·1[c_low ≤ w ≤ c_high]."""
+
+    def phi(self, w, positive=True):
+        return band_phi(as_ratio(w), self.c_low, self.c_high)
+
+    def f(self, w, positive=True):
+        return band_f(as_ratio(w), self.c_low, self.c_high)
+
+
 def _clamped_token_ratio(log_ratio, mask, low: float, high: float, max_log_ratio: float):
     """c_t = clip(r_t, low, high) computed as exp(clip(log r_t, log low, min(log high, cap)))."""
     N = log_ratio.shape[0]
@@ -64,7 +91,7 @@ def _clamped_token_ratio(log_ratio, mask, low: float, high: float, max_log_ratio
 
 @register
 @dataclass(frozen=True)
-class CISPO(ScalarMapping):
+class CISPO(_ClampedRatioCurves, ScalarMapping):
     """CISPO: detached clipped token weight c_t = clip(r_t, 1−ε_low, 1+ε_high), never zero.
 
     MiniMax, "MiniMax-M1: scaling test-time compute efficiently with lightning attention",
@@ -106,16 +133,10 @@ class CISPO(ScalarMapping):
     def _coefficients(self, log_ratio, mask, advantages):
         return _clamped_token_ratio(log_ratio, mask, *self.bounds, self.max_log_ratio)
 
-    def phi(self, w, positive=True):
-        return clamp_ratio_phi(as_ratio(w), *self.bounds)
-
-    def f(self, w, positive=True):
-        return clamp_ratio_f(as_ratio(w), *self.bounds)
-
 
 @register
 @dataclass(frozen=True)
-class TokenTIS(ScalarMapping):
+class TokenTIS(_ClampedRatioCurves, ScalarMapping):
     """Token truncated IS, c_t = clip(r_t, c_low, c_high) (default [0, 2]: min(r_t, 2)).
 
     Yao, Liu et al., "Your efficient RL framework secretly brings you off-policy RL training"
@@ -148,9 +169,7 @@ class TokenTIS(ScalarMapping):
     }
 
     def __post_init__(self):
-        check_real(self, "c_low", low=0.0, high=1.0)
-        check_real(self, "c_high", low=1.0, high=math.inf, allow_inf=True)
-        check_max_log_ratio(self)
+        _check_ratio_band(self)
         _batch_normalize_flags(self)
 
     def _coefficients(self, log_ratio, mask, advantages):
@@ -159,16 +178,15 @@ class TokenTIS(ScalarMapping):
             _normalise(c, np.count_nonzero(mask))
         return c
 
-    def phi(self, w, positive=True):
-        return clamp_ratio_phi(as_ratio(w), self.c_low, self.c_high)
-
-    def f(self, w, positive=True):
-        return clamp_ratio_f(as_ratio(w), self.c_low, self.c_high)
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """The clamp (low, high) of the ratio."""
+        return self.c_low, self.c_high
 
 
 @register
 @dataclass(frozen=True)
-class SequenceTIS(ScalarMapping):
+class SequenceTIS(_ClampedRatioCurves, ScalarMapping):
     """Sequence truncated IS, c_t = min(W, c) on every token (default c = 2).
 
     Liu, Li et al. 2025 ("rl-collapse": when speed kills stability, training-inference
@@ -205,16 +223,15 @@ class SequenceTIS(ScalarMapping):
                     w = w / mean
         return broadcast_seq(w, mask)
 
-    def phi(self, w, positive=True):
-        return clamp_ratio_phi(as_ratio(w), 0.0, self.c)
-
-    def f(self, w, positive=True):
-        return clamp_ratio_f(as_ratio(w), 0.0, self.c)
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """The clamp (low, high) of the sequence ratio."""
+        return 0.0, self.c
 
 
 @register
 @dataclass(frozen=True)
-class TokenMIS(ScalarMapping):
+class TokenMIS(_MaskedRatioCurves, ScalarMapping):
     """Token masked IS, c_t = r_t·1[c_low ≤ r_t ≤ c_high] (default [0.5, 5], IcePop's band).
 
     Two-sided token mask: tokens whose ratio leaves the band are dropped. Presets ``icepop``
@@ -237,9 +254,7 @@ class TokenMIS(ScalarMapping):
     }
 
     def __post_init__(self):
-        check_real(self, "c_low", low=0.0, high=1.0)
-        check_real(self, "c_high", low=1.0, high=math.inf, allow_inf=True)
-        check_max_log_ratio(self)
+        _check_ratio_band(self)
 
     def _coefficients(self, log_ratio, mask, advantages):
         N = log_ratio.shape[0]
@@ -247,16 +262,10 @@ class TokenMIS(ScalarMapping):
         hi = np.full(N, safe_log(self.c_high))
         return map_blocks(log_ratio, mask, banded_ratio_kernel(lo, hi, self.max_log_ratio))
 
-    def phi(self, w, positive=True):
-        return band_phi(as_ratio(w), self.c_low, self.c_high)
-
-    def f(self, w, positive=True):
-        return band_f(as_ratio(w), self.c_low, self.c_high)
-
 
 @register
 @dataclass(frozen=True)
-class SequenceMIS(ScalarMapping):
+class SequenceMIS(_MaskedRatioCurves, ScalarMapping):
     """Sequence masked IS, c_t = W·1[c_low ≤ W ≤ c_high] on every token (default [0, 2]).
 
     Presets ``rl_collapse`` (one-sided, W·1[W ≤ 2]; Liu, Li et al. 2025) and ``trl``
@@ -281,21 +290,13 @@ class SequenceMIS(ScalarMapping):
     }
 
     def __post_init__(self):
-        check_real(self, "c_low", low=0.0, high=1.0)
-        check_real(self, "c_high", low=1.0, high=math.inf, allow_inf=True)
-        check_max_log_ratio(self)
+        _check_ratio_band(self)
 
     def _coefficients(self, log_ratio, mask, advantages):
         log_w = seq_log_ratio(log_ratio, mask)
         keep = band_mask_1d(log_w, safe_log(self.c_low), safe_log(self.c_high))
         w = np.exp(np.minimum(log_w, self.max_log_ratio))
         return broadcast_seq(np.where(keep, w, 0.0), mask)
-
-    def phi(self, w, positive=True):
-        return band_phi(as_ratio(w), self.c_low, self.c_high)
-
-    def f(self, w, positive=True):
-        return band_f(as_ratio(w), self.c_low, self.c_high)
 
 
 @register
