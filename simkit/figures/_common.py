@@ -25,10 +25,21 @@ def panel_label(ax, letter: str) -> None:
     ax.set_title(f"({letter}) {title}".rstrip(), loc="left")
 
 
-def mark_floor(ax, floor: float, text: str = "0 (unbiased)") -> None:
-    """A dotted horizontal line at ``floor`` labelled ``text`` at the right edge: where a
-    log-scale axis draws the value 0 (a bias that is exactly zero, clipped to ``floor``)."""
-    ax.axhline(floor, color="0.5", linewidth=0.6, linestyle=":")
+def mark_floor(
+    ax,
+    floor: float,
+    text: str | None = "0 (unbiased)",
+    *,
+    linewidth: float = 0.6,
+    linestyle: str = ":",
+    fontsize: float = 7,
+) -> None:
+    """A dotted horizontal line at ``floor`` labelled ``text`` at the right edge (no label when
+    ``text`` is None): where a log-scale axis draws the value 0 (a bias that is exactly zero,
+    clipped to ``floor``), or any reference level such as 1/N."""
+    ax.axhline(floor, color="0.5", linewidth=linewidth, linestyle=linestyle)
+    if text is None:
+        return
     ax.annotate(
         text,
         (1.0, floor),
@@ -37,7 +48,7 @@ def mark_floor(ax, floor: float, text: str = "0 (unbiased)") -> None:
         textcoords="offset points",
         ha="right",
         va="bottom",
-        fontsize=7,
+        fontsize=fontsize,
         color="0.35",
     )
 

@@ -313,19 +313,8 @@ def draw(data: pd.DataFrame):
                 part = data[data.mapping == name].sort_values("chi2_tok")
                 _draw_series(ax, part, name, metric, floor, zero_all, linewidth=1.1)
             if metric == "bias":
-                ax.axhline(floor, color="0.5", linewidth=0.6, linestyle=":")
-                if j == len(panel_names) - 1:
-                    ax.annotate(
-                        "0 (exactly unbiased)",
-                        (1.0, floor),
-                        xycoords=("axes fraction", "data"),
-                        xytext=(-2, 2),
-                        textcoords="offset points",
-                        ha="right",
-                        va="bottom",
-                        fontsize=6,
-                        color="0.35",
-                    )
+                last = j == len(panel_names) - 1
+                _common.mark_floor(ax, floor, "0 (exactly unbiased)" if last else None, fontsize=6)
             if metric == "cosine":
                 ax.set_ylim(min(-0.05, float(np.nanmin(data.cosine)) - 0.05), 1.05)
             if j == 0:

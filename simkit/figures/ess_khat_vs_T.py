@@ -171,17 +171,18 @@ def draw(data: pd.DataFrame):
     for k, (chi2, part) in enumerate(data.groupby("chi2_tok", sort=True)):
         color = _COLORS[k % len(_COLORS)]
         label = f"χ² per token = {chi2:g}"
-        ax_e.errorbar(
-            part["T"],
-            part.ess_frac,
-            yerr=2 * part.ess_frac_se,
-            fmt="o-",
-            color=color,
-            markersize=3,
-            capsize=1.5,
-            elinewidth=0.7,
-            label=label,
-        )
+        for ax, column in ((ax_e, "ess_frac"), (ax_k, "khat")):
+            ax.errorbar(
+                part["T"],
+                part[column],
+                yerr=2 * part[f"{column}_se"],
+                fmt="o-",
+                color=color,
+                markersize=3,
+                capsize=1.5,
+                elinewidth=0.7,
+                label=label,
+            )
         ax_e.plot(
             part["T"],
             np.maximum(part.ess_frac_theory, 1e-6),
@@ -189,29 +190,7 @@ def draw(data: pd.DataFrame):
             linestyle=":",
             linewidth=1.0,
         )
-        ax_k.errorbar(
-            part["T"],
-            part.khat,
-            yerr=2 * part.khat_se,
-            fmt="o-",
-            color=color,
-            markersize=3,
-            capsize=1.5,
-            elinewidth=0.7,
-            label=label,
-        )
-    ax_e.axhline(1.0 / n, color="0.5", linewidth=0.7, linestyle="--")
-    ax_e.annotate(
-        "1/N (one sequence)",
-        (1.0, 1.0 / n),
-        xycoords=("axes fraction", "data"),
-        xytext=(-2, 2),
-        textcoords="offset points",
-        ha="right",
-        va="bottom",
-        fontsize=7,
-        color="0.35",
-    )
+    _common.mark_floor(ax_e, 1.0 / n, "1/N (one sequence)", linewidth=0.7, linestyle="--")
     ax_e.plot([], [], color="0.3", linestyle=":", label="1/(1+χ²)^T (population)")
     ax_e.set_yscale("log")
     ax_e.set_ylim(0.3 / n, 1.5)

@@ -285,18 +285,23 @@ def _exact_rows(cfg, masks, log_ratio, pi, mu, T) -> tuple[list, list]:
                     "n": 0,
                 }
             )
-            for side, rejected in (("low", low), ("high", high)):
-                sides.append(
-                    {
-                        "T": int(T),
-                        "mask": mask,
-                        "measure": measure,
-                        "side": side,
-                        "fraction": float(p @ rejected),
-                        "method": "exact",
-                    }
-                )
+            sides += _side_rows(T, mask, measure, "exact", float(p @ low), float(p @ high))
     return rows, sides
+
+
+def _side_rows(T, mask: str, measure: str, method: str, low: float, high: float) -> list[dict]:
+    """The two rows of table ``sides``: the fractions rejected below and above the band."""
+    return [
+        {
+            "T": int(T),
+            "mask": mask,
+            "measure": measure,
+            "side": side,
+            "fraction": fraction,
+            "method": method,
+        }
+        for side, fraction in (("low", low), ("high", high))
+    ]
 
 
 def _mc_rows(cfg, masks, pi_tok, mu_tok, T, rng) -> tuple[list, list]:
@@ -329,17 +334,9 @@ def _mc_rows(cfg, masks, pi_tok, mu_tok, T, rng) -> tuple[list, list]:
                 }
             )
             low, high = _side(mapping, log_w, lengths)
-            for side, rejected in (("low", low), ("high", high)):
-                sides.append(
-                    {
-                        "T": int(T),
-                        "mask": mask,
-                        "measure": measure,
-                        "side": side,
-                        "fraction": float(rejected.mean()),
-                        "method": "monte_carlo",
-                    }
-                )
+            sides += _side_rows(
+                T, mask, measure, "monte_carlo", float(low.mean()), float(high.mean())
+            )
     return rows, sides
 
 
