@@ -24,6 +24,7 @@ PENDING = {
     "simkit/lm/losses.py": "being extended by issue 15 (new losses); split after it lands",
     "simkit/lm/models.py": "GGUF converter to move to its own module (issue 14 follow-up)",
     "simkit/train/core.py": "grown by issues 13 and 16; split after they land",
+    "simkit/experiment.py": "grown by issues 12 and 15 (reliability, run(old=)); split after",
 }
 
 
