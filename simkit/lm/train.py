@@ -144,7 +144,8 @@ class LMTrainConfig:
             )
         if self.mode not in ("decoupled", "bypass", "trl_vespo"):
             raise ValueError(
-                f"LMTrainConfig.mode must be 'decoupled', 'bypass' or 'trl_vespo', got {self.mode!r}"
+                "LMTrainConfig.mode must be 'decoupled', 'bypass' or 'trl_vespo', got "
+                f"{self.mode!r}"
             )
         if self.precision not in (None, "bf16"):
             raise ValueError(
