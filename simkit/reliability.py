@@ -61,6 +61,8 @@ MIN_TAIL_DRAWS = 10.0
 
 #: fewest distinct values among the tail draws to which a Pareto tail is fitted
 KHAT_MIN_DISTINCT = 5
+#: least share of distinct values among the M tail draws (a generalised Pareto is continuous)
+KHAT_MIN_DISTINCT_SHARE = 0.5
 
 
 def khat_of_weights(weights) -> float:
@@ -72,10 +74,12 @@ def khat_of_weights(weights) -> float:
     and which stays out of the fitted tail unless fewer than the tail's M draws are positive).
 
     NaN — never ±inf — where no Pareto tail can be fitted: every weight 0; fewer than 25 draws
-    (under 5 tail draws); or fewer than :data:`KHAT_MIN_DISTINCT` distinct values among the M
-    largest draws (a discrete support: a small bandit, or bounded weights whose tail is a few
-    atoms). On such supports a generalised-Pareto fit says nothing about a tail — it gave −inf,
-    +inf, 22.6 or −5.2 depending only on whether a rare atom happened to be drawn.
+    (under 5 tail draws); or a tail of ties — fewer than :data:`KHAT_MIN_DISTINCT` distinct
+    values among the M largest draws, or fewer distinct values than half of M
+    (:data:`KHAT_MIN_DISTINCT_SHARE`): a discrete support (a small bandit, a short token MDP,
+    bounded weights whose tail is a few atoms). The generalised Pareto law is continuous; fitted
+    to repeated atoms it describes their spacing, not a tail — it gave −inf, +inf, 22.6 or −5.2
+    depending only on whether a rare atom happened to be drawn.
     """
     from simkit.mappings.psis import MIN_TAIL_DRAWS, psis_khat, psis_tail_length
 
@@ -89,7 +93,8 @@ def khat_of_weights(weights) -> float:
     if tail < MIN_TAIL_DRAWS:
         return math.nan
     top = np.partition(w, w.size - tail)[w.size - tail :]
-    if np.unique(top).size < KHAT_MIN_DISTINCT:
+    distinct = np.unique(top).size
+    if distinct < KHAT_MIN_DISTINCT or distinct < KHAT_MIN_DISTINCT_SHARE * tail:
         return math.nan
     log_w = np.empty_like(w)
     log_w[positive] = np.log(w[positive])

@@ -298,6 +298,28 @@ def test_seq_variance_vs_T_data():
     # χ²_seq grows with T
     for _, part in markov.groupby("chi2_tok"):
         assert (np.diff(part.sort_values("T").dp.to_numpy()) > 0).all()
+    # the dense Markov DP curve contains the DP values at the Monte Carlo lengths
+    dense = data["markov_curve"].set_index(["chi2_tok", "T"]).dp
+    np.testing.assert_allclose(dense.loc[list(zip(markov.chi2_tok, markov["T"]))], markov.dp)
+    assert iid_mc.reliable.all() and markov.reliable.all()  # light tails here
+
+
+def test_seq_variance_vs_T_flags_points_that_miss_the_tail():
+    """χ² = 0.1 per token: at T = 64 the n = 4000 draws cannot see the tail carrying E W² (the
+    estimate is far below the exact value) and the point is marked unreliable; at T = 4 not."""
+    cfg = seq_variance_vs_T.Config(
+        V=6, chi2_toks=(0.1,), lengths=(4, 64), markov_lengths=(4, 64), n=4000
+    )
+    data = seq_variance_vs_T.compute(cfg)
+    for frame, truth in (
+        (data["iid_mc"], lambda T: (1.1**T) - 1),
+        (data["markov"], None),
+    ):
+        frame = frame.set_index("T")
+        exact = frame.dp if truth is None else truth(frame.index.to_numpy())
+        assert frame.reliable.loc[4] and not frame.reliable.loc[64]
+        assert frame.tail_draws.loc[64] < 10 <= frame.tail_draws.loc[4]
+        assert (frame.value / exact).loc[64] < 0.5  # what the flag is about
 
 
 def test_markov_dp_equals_the_product_formula_when_every_state_has_the_same_chi2():

@@ -93,6 +93,7 @@ def crossing_T(chi2, n, T_max=14):
     """First T with MSE(is_seq) > MSE(is_token), exact (enumeration), on answer_correct."""
     cfg = mse_vs_T.Config(
         exact_lengths=tuple(range(1, T_max + 1)),
+        dp_lengths=(),
         mc_lengths=(),
         mapping_names=("is_token", "is_seq"),
         chi2_tok=chi2,
@@ -115,13 +116,13 @@ crossings = pd.Series(
 )
 display(crossings)
 base, bigger_batch, more_mismatch = crossings.to_numpy()
-assert base == 8 and bigger_batch > base and more_mismatch < base
+assert base == 4 and bigger_batch > base and more_mismatch < base
 
 # %% [markdown]
-# Both predictions hold: the crossing moves from T = 8 to T = 11 with four times the batch,
-# and to T = 6 with twice the per-token χ². The move in (a) is far smaller than the 28 of the
-# pure-bias estimate: on `answer_correct` token IS's bias saturates, and at these lengths
-# its variance is still a sizeable part of its MSE.
+# Both predictions hold: the crossing moves from T = 4 to T = 7 with four times the batch,
+# and to T = 3 with twice the per-token χ² (oracle baseline J(μ); asserted: up and down). The
+# move in (a) is far smaller than the 28 of the pure-bias estimate: on `answer_correct` token
+# IS's bias saturates, and at these lengths its variance is still a sizeable part of its MSE.
 #
 # ## Exercise 3 — the length trap at $T^\star$
 #
