@@ -331,23 +331,38 @@ def _product_kernels(env, mu, alpha: float, t0: int, t1: int):
 
 
 def _product_forward(env, mu, alpha: float):
-    """Forward weights of K¹ and K² (:func:`_forward`), kernels formed a block at a time."""
-    cache = {}
-
-    def kernel(j):
-        def k(t):
-            t0 = (t // _BLOCK) * _BLOCK
-            if cache.get("t0") != t0:
-                cache["t0"] = t0
-                cache["k"] = _product_kernels(env, mu, alpha, t0, min(t0 + _BLOCK, env.T))
-            return cache["k"][j][t - t0].copy()
-
-        return k
-
-    F1 = _forward(env, kernel(1))
-    cache.clear()
-    F2 = _forward(env, kernel(2))
-    return F1, F2
+    """Forward weights of K¹ and K² together (two :func:`_forward` recursions in one loop,
+    kernels formed a block at a time): ``((F1, log_F1), (F2, log_F2))``."""
+    S, T = env.S, env.T
+    trans = env.transition.ravel()
+    a = np.zeros((2, S))
+    a[:, env.initial_state] = 1.0
+    F = np.zeros((2, T, S))
+    log_F = np.full((2, T), -np.inf)
+    log_scale = np.zeros(2)
+    alive = np.ones(2, dtype=bool)
+    offsets = (np.arange(2) * S)[:, None]
+    flat = (trans[None, :] + offsets).ravel()  # both recursions in one bincount
+    for t0, t1 in ((t0, min(t0 + _BLOCK, T)) for t0 in range(0, T, _BLOCK)):
+        _, K1, K2 = _product_kernels(env, mu, alpha, t0, t1)
+        for t in range(t0, t1):
+            F[:, t] = a
+            log_F[alive, t] = log_scale[alive]
+            if t == T - 1:
+                break
+            flow = np.stack([K1[t - t0], K2[t - t0]]) * a[:, :, None]
+            if env.eos is not None:
+                flow[:, :, env.eos] = 0.0
+            a = np.bincount(flat, weights=flow.ravel(), minlength=2 * S).reshape(2, S)
+            top = a.max(axis=1)
+            ended = ~(top > 0)
+            if ended.any():  # every sequence has ended: later positions carry no mass
+                alive &= ~ended
+                a[ended] = 0.0
+            safe = np.where(top > 0, top, 1.0)
+            a /= safe[:, None]
+            log_scale += np.log(safe)
+    return (F[0], log_F[0]), (F[1], log_F[1])
 
 
 def sequence_moments(env, mu, mapping, b: float, inv_z: float = 1.0) -> TokenMoments:
