@@ -311,3 +311,69 @@ def test_served_policy_without_mismatch_is_pi_old():
         env, old, partial(behaviour_log_probs, mismatch=Mismatch(precision="bf16"))
     )
     assert 0 < float(np.abs(bf16 - old).max()) < 1e-2
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_kept_denominator_of_a_single_rejection_matches_the_torch_loss(agg):
+    torch = pytest.importorskip("torch")
+    from simkit.estimators import aggregation_weights
+    from simkit.lm import losses
+
+    lr, _, mask, adv = batch(7, N=20, T=6, scale=0.4)
+    m = get("kl_rs", criteria="token_k3", u=0.03)
+    est = Estimator(m, aggregation=agg, advantage="raw", denominator="kept")
+    lam = est.token_weights(lr, mask, adv)
+    kept = m.kept_mask(lr, mask, adv)
+    assert 0 < kept.sum() < mask.sum()
+    expected = m.coefficients(lr, mask, adv) * adv[:, None] * aggregation_weights(kept, agg)
+    np.testing.assert_allclose(lam, expected, rtol=1e-14)
+    old = -np.ones(lr.shape)
+    x = torch.tensor(old + lr, requires_grad=True)
+    loss, _ = losses.policy_loss(
+        m,
+        x,
+        torch.tensor(old),
+        torch.tensor(adv),
+        torch.tensor(mask),
+        agg=agg,
+        denominator="kept",
+    )
+    loss.backward()
+    np.testing.assert_allclose(-x.grad.numpy(), lam, rtol=1e-10, atol=1e-14)
+
+
+def test_composed_kept_denominator_uses_both_rejections():
+    lr, old, mask, adv = batch(8, N=20, T=6, scale=0.4)
+    mapping = get("mis_token", c_low=0.8, c_high=1.25)
+    correction = get("kl_rs", criteria="seq_max_k2", u=0.05)
+    est = Estimator(mapping, correction=correction, denominator="kept", advantage="raw")
+    kept = mapping.kept_mask(lr - old, mask, adv) & correction.kept_mask(old, mask, adv)
+    from simkit.estimators import aggregation_weights
+
+    c = est.coefficients(lr, mask, adv, old)
+    np.testing.assert_array_equal(c != 0, kept)
+    lam = est.token_weights(lr, mask, adv, old_log_ratio=old)
+    np.testing.assert_allclose(lam, c * adv[:, None] * aggregation_weights(kept, "token-mean"))
+
+
+def test_estimator_specs_round_trip_composed_estimators():
+    from simkit.estimator_specs import build_estimators, estimator_params
+
+    ests = [
+        Estimator("ppo_clip"),
+        Estimator(get("dapo", preset="verl"), correction=get("tis_token", c_high=3.0)),
+        Estimator("vespo", correction="icepop", mode="trl_vespo", denominator="kept"),
+        Estimator(get("kl_rs", criteria=("token_k2", "seq_max_k3"), u=(0.1, 0.2)), seed=4),
+    ]
+    specs = [estimator_params(e) for e in ests]
+    assert set(specs[0]) == {
+        "name",
+        "mapping",
+        "hyperparameters",
+        "aggregation",
+        "advantage",
+        "group_size",
+        "adv_eps",
+        "max_length",
+    }  # an estimator without composition keeps its spec
+    assert build_estimators(specs) == ests

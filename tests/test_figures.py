@@ -35,6 +35,7 @@ EXPECTED = [
     "staleness_curves",
     "mismatch_curves",
     "collapse_map",
+    "collapse_regimes",
 ]
 
 

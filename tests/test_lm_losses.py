@@ -31,7 +31,11 @@ EXTRA_VARIANTS = {
         {"eps_high": 1.0, "max_log_ratio": 0.1},
     ],
     "dual_clip": [{"c_dual": math.inf}, {"c_dual": 1.5, "max_log_ratio": 0.2}],
-    "gspo": [{"eps_low": math.inf, "eps_high": math.inf}, {"max_log_ratio": 0.05}],
+    "gspo": [
+        {"eps_low": math.inf, "eps_high": math.inf},
+        {"max_log_ratio": 0.05},
+        {"eps_low": 0.5, "eps_high": 0.5, "grad_log_cap": 0.05},
+    ],
     "gmpo": [{"eps_low": 0.1, "eps_high": 0.2}, {"eps_low": math.inf, "eps_high": math.inf}],
     "sapo": [{"tau_pos": 0.5, "tau_neg": 3.0}, {"max_log_ratio": 0.5}],
     "luffy": [{"gamma": 1.0}, {"max_log_ratio": 0.5}],
@@ -716,3 +720,66 @@ def test_kl_cov_breaks_covariance_ties_by_position_like_numpy():
     expected = -registry_coefficients(m, lp, old, mask, adv) * adv[:, None] / mask.sum()
     _, grad, _ = torch_grad(m, lp, old, mask, adv)
     np.testing.assert_allclose(grad.numpy(), expected, rtol=RTOL, atol=1e-14)
+
+
+COMPOSED = [
+    ("ppo_clip", "tis_token", "decoupled", {}),
+    ("dapo", "mis_token", "decoupled", {}),
+    ("gspo", "kl_rs", "decoupled", {"denominator": "kept"}),
+    ("kl_cov", "tis_seq", "decoupled", {}),
+    ("naive", "is_seq", "bypass", {}),
+    ("ppo_clip", "geo_mask", "bypass", {"denominator": "kept"}),
+    ("vespo", "tis_token", "trl_vespo", {}),
+    ("vespo", "icepop", "trl_vespo", {}),
+]
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+@pytest.mark.parametrize("mapping, correction, mode, extra", COMPOSED, ids=str)
+def test_composed_loss_gradient_equals_the_composed_estimator(
+    mapping, correction, mode, extra, agg
+):
+    """policy_loss(..., correction=, mode=, rollout_log_prob=): ∂loss/∂log π = −c·A/Z with c and
+    1/Z of ``Estimator(mapping, correction=…, mode=…)`` (simkit.composition)."""
+    from simkit.estimators import Estimator
+
+    rng = np.random.default_rng(31)
+    old, lp, mask, adv = make_inputs(seed=30)
+    adv[adv == 0] = 0.5  # kl_cov's penalty has no c·A form at A = 0 (tested elsewhere)
+    rollout = old - rng.normal(0.0, 0.3, old.shape)  # log μ; old is log π_old
+    if mode == "bypass":
+        rollout = old  # π_old := μ
+    est = Estimator(mapping, correction=correction, mode=mode, aggregation=agg, **extra)
+    ell, o = lp - rollout, old - rollout  # log π − log μ, log π_old − log μ
+    c = est.coefficients(ell, mask, adv, o, log_prob=lp)
+    expected = -c * adv[:, None] * est.kept_weights(ell, mask, adv, o)
+    x = torch.tensor(lp, requires_grad=True)
+    loss, _ = losses.policy_loss(
+        mapping,
+        x,
+        torch.tensor(old),
+        torch.tensor(adv),
+        torch.tensor(mask),
+        agg=agg,
+        correction=correction,
+        mode=mode,
+        rollout_log_prob=None if mode == "bypass" else torch.tensor(rollout),
+        **extra,
+    )
+    loss.backward()
+    np.testing.assert_allclose(x.grad.numpy(), expected, rtol=RTOL, atol=1e-14)
+
+
+def test_composed_loss_bad_input():
+    old, lp, mask, adv = make_inputs(seed=32)
+    args = (torch.tensor(lp), torch.tensor(old), torch.tensor(adv), torch.tensor(mask))
+    with pytest.raises(ValueError, match="needs rollout_log_prob"):
+        losses.policy_loss("ppo_clip", *args, correction="tis_token")
+    with pytest.raises(ValueError, match="no rollout_log_prob"):
+        losses.policy_loss(
+            "ppo_clip", *args, correction="tis_token", mode="bypass", rollout_log_prob=args[1]
+        )
+    with pytest.raises(ValueError, match="pass correction"):
+        losses.policy_loss("ppo_clip", *args, rollout_log_prob=args[1])
+    with pytest.raises(ValueError, match="valid modes"):
+        losses.policy_loss("ppo_clip", *args, correction="tis_token", mode="nope")

@@ -191,7 +191,7 @@ INVALID = {
     "ppo_clip": [("eps_low", -0.1), ("eps_high", -1e-3)],
     "dual_clip": [("c_dual", 1.0), ("c_dual", 0.5)],
     "dapo": [("eps_high", -0.28), ("c_dual", 1.0)],
-    "gspo": [("eps_low", -3e-4)],
+    "gspo": [("eps_low", -3e-4), ("grad_log_cap", 0.0)],
     "gmpo": [("eps_low", -0.4), ("eps_high", -1.0)],
     "sapo": [("tau_pos", 0.0), ("tau_neg", -1.05), ("tau_pos", math.inf)],
     "luffy": [("gamma", 0.0), ("normalize", 1.5), ("normalize", "yes")],
@@ -606,7 +606,9 @@ REFERENCE = {
     "ppo_clip": _tok_ref(_ppo),
     "dual_clip": _tok_ref(_ppo),
     "dapo": _tok_ref(_ppo),
-    "gspo": _seq_ref(lambda m, v, p: _ppo(m, math.exp(_mean(v)), p)),
+    "gspo": _seq_ref(
+        lambda m, v, p: _ppo(m, math.exp(_mean(v)), p) if _mean(v) <= m.grad_log_cap else 0.0
+    ),
     "gmpo": _gmpo_ref,
     "sapo": _tok_ref(_sapo),
     "luffy": _tok_ref(_luffy),
@@ -637,6 +639,7 @@ VARIANTS = [
     ("ppo_clip", {"eps_low": 0.1}),
     ("dual_clip", {"c_dual": 1.3}),
     ("gspo", {"eps_low": 0.1, "eps_high": 0.05}),
+    ("gspo", {"eps_low": 0.5, "eps_high": 0.5, "grad_log_cap": 0.05}),
     ("gmpo", {"eps_low": 0.1, "eps_high": 0.3}),
     ("luffy", {"normalize": False}),
     ("aspo", {"c_dual": 1.5, "eps_low": 0.1}),

@@ -157,3 +157,13 @@ def test_kept_mask_of_rejections():
     np.testing.assert_array_equal(get("ppo_clip").kept_mask(lr, mask, adv), mask)
     rs = get("kl_rs", criteria="token_k2", u=0.1)
     np.testing.assert_array_equal(rs.kept_mask(lr, mask, adv), rs.coefficients(lr, mask, adv) > 0)
+
+
+def test_gspo_verl_preset_zeroes_the_gradient_above_log_s_10():
+    # verl clamps log s at 10 with torch.clamp: derivative 0 above — for A < 0 rows too
+    g = get("gspo", preset="verl")
+    lr = np.array([[9.0, 9.0], [11.0, 11.0], [0.1, 0.1]])
+    mask = np.ones(lr.shape, bool)
+    c = g.coefficients(lr, mask, np.array([-1.0, -1.0, 1.0]))
+    np.testing.assert_allclose(c, [[math.exp(9)] * 2, [0.0, 0.0], [math.exp(0.1)] * 2])
+    assert get("gspo", preset="libraries").coefficients(lr, mask, -np.ones(3))[1, 0] > 0

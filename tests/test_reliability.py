@@ -434,6 +434,11 @@ def test_memory_estimates_bound_the_arrays_actually_held(monkeypatch):
     bandit = Bandit(logits=np.zeros(3), means=np.full(3, 0.5))
     with pytest.raises(_memory.MemoryLimitError, match=r"reps x n x T = 20000 x 64.*reps or n"):
         experiment.run(bandit, np.full(3, 1 / 3), ["naive"], n=64, reps=20000)
+    from simkit.estimators import Estimator
+    from simkit.train import TrainConfig, train
+
+    with pytest.raises(_memory.MemoryLimitError, match=r"rollout batch of 8192 .*--minibatch"):
+        train(TokenMDP.iid(V=3, T=4), TrainConfig(Estimator("naive"), steps=1, batch=8192))
     monkeypatch.setenv(_memory.ENV_VAR, "lots")
     with pytest.raises(_memory.MemoryLimitError, match="SIMKIT_MEMORY_LIMIT='lots' is not a size"):
         _memory.memory_limit()
@@ -553,7 +558,7 @@ def test_string_and_complex_arrays_are_named():
     [
         (["--N", "0"], "--N must be an integer >= 1, got 0", "TrainConfig"),
         (["--minibatch-size", "0"], "--minibatch-size", "TrainConfig"),
-        (["--env", "markovv"], "--env: unknown TokenMDP constructor 'markovv'", "--constructor"),
+        (["--env", "markovv"], "--env: unknown value 'markovv'", "--constructor"),
         (["--env-seed", "-1"], "--env-seed", "--seed:"),
         (["--seed", "-2"], "--seed must be an integer >= 0, got -2", "SeedSequence"),
     ],

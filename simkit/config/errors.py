@@ -11,6 +11,7 @@ so that every message starts with the full path.
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from collections.abc import Sequence
 
@@ -55,6 +56,20 @@ _MESSAGES = {
     "tuple_type": "expected a list",
     "list_type": "expected a list",
     "scalar_type": "expected a number, string or boolean",
+}
+#: what the value of a key with fixed choices is, in "unknown <noun> 'x'; valid: …"
+_NOUNS = {
+    "kind": "kind",
+    "constructor": "TokenMDP constructor",
+    "reward": "reward kind",
+    "divergence": "divergence",
+    "level": "level",
+    "aggregate": "aggregate",
+    "grid_mode": "grid mode",
+    "aggregations": "aggregation",
+    "advantages": "advantage",
+    "optimizer": "optimizer",
+    "gradient": "gradient",
 }
 #: the members of a union of scalars, as pydantic names them in an error's location
 _SCALARS = ("bool", "int", "float", "str")
@@ -106,7 +121,12 @@ def _one(err: dict, model, prefix: str = "") -> str:
     if kind in ("value_error", "assertion_error"):
         message = str(ctx.get("error", err["msg"]))
     elif kind == "literal_error":
-        message = f"unknown value {err['input']!r}; valid: {ctx.get('expected', '')}"
+        name = next((p for p in reversed(raw) if isinstance(p, str)), "")
+        what = _NOUNS.get(name, "value")
+        # pydantic writes the choices as "'a', 'b' or 'c'" (True, False unquoted: TOML true, false)
+        choices = re.findall(r"'([^']*)'|\b(True|False)\b", ctx.get("expected", ""))
+        valid = ", ".join(a or b.lower() for a, b in choices)
+        message = f"unknown {what} {err['input']!r}; valid: {valid}"
     else:
         template = _MESSAGES.get(kind)
         message = (

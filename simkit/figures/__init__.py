@@ -29,6 +29,7 @@ from simkit.figures import (
     bandit_bias_variance,
     bias_variance_frontier,
     collapse_map,
+    collapse_regimes,
     divergence_inequalities,
     ess_khat_vs_T,
     gspo_length_conflation,
@@ -69,6 +70,7 @@ FIGURES: dict[str, ModuleType] = {
         staleness_curves,
         mismatch_curves,
         collapse_map,
+        collapse_regimes,
     )
 }
 

@@ -69,6 +69,13 @@ tokens / non-empty rows; not when the mean is ≤ 1e-8). ``clip_cov`` / ``kl_cov
 advantage values and ``log_prob`` itself (the covariance (A − mean A)(log π − mean log π) over
 valid tokens), as verl does; pass ``log_prob=`` to the numpy mapping to get the same numbers.
 
+Composed losses (three policies, :mod:`simkit.composition`): ``policy_loss(name, log_prob,
+old_log_prob, A, mask, correction="tis_token", rollout_log_prob=log_mu)`` puts the mapping on
+log π − log π_old (``old_log_prob``) and multiplies every token weight by the detached
+correction of log π_old − log μ (``mode="decoupled"``); ``mode="bypass"`` (old_log_prob = log μ,
+both on π/μ) and ``mode="trl_vespo"`` (TRL's VESPO, the correction folded into W) as in
+:class:`simkit.estimators.Estimator`.
+
 (r token ratio, W = exp Σ_t log r_t the sequence ratio, s = exp(mean_t log r_t) the geometric
 mean, all over the valid tokens of the row; a row without valid tokens has W = s = 1.)
 Hyperparameters have the names, defaults, presets and validation of the numpy dataclasses of
@@ -229,6 +236,7 @@ class _Batch:
     adv: torch.Tensor | None = None
     log_prob: torch.Tensor | None = None
     rng: object = None
+    full: bool = False
 
     def per_row(self, value_pos: float, value_neg: float) -> torch.Tensor:
         """(N,) tensor: ``value_pos`` on rows with A >= 0, ``value_neg`` on the others."""
@@ -477,7 +485,8 @@ def _gspo(m, b: _Batch) -> _Terms:
     ``compute_policy_loss_gspo``, TRL's importance_sampling_level="sequence")."""
     log_s = torch.clamp(b.log_s, max=m.max_log_ratio)
     lo = b.per_row(-math.inf, _log(1.0 - m.eps_low))
-    hi = b.per_row(math.log1p(m.eps_high), math.inf)
+    cap = m.grad_log_cap  # verl's clamp(log s, max=10): zero gradient above (preset "verl")
+    hi = b.per_row(min(math.log1p(m.eps_high), cap), cap)
     in_band = (b.log_s >= lo) & (b.log_s <= hi)
     # outside the band F is the clipped value (constant); 1 − ε_low <= 0 never clips
     bound = b.per_row(1.0 + m.eps_high, max(1.0 - m.eps_low, 1e-30))
@@ -726,9 +735,11 @@ def _covariance(b: _Batch) -> torch.Tensor:
     with torch.no_grad():
         n = b.lengths.sum().clamp(min=1)
         mean_a = (b.adv * b.lengths).sum() / n
-        mean_lp = (b.log_prob * b.maskf).sum() / n
-        cov = (b.adv - mean_a)[:, None] * (b.log_prob - mean_lp)
-        return torch.where(b.mask, cov, -math.inf)
+        mean_lp = b.log_prob.sum() / n  # log_prob is 0 on padding
+        cov = (b.log_prob - mean_lp).mul_((b.adv - mean_a)[:, None])
+        if b.full:
+            return cov
+        return cov.masked_fill_(~b.mask, -math.inf)
 
 
 def _clip_cov(m, b: _Batch) -> _Terms:
@@ -763,13 +774,13 @@ def _clip_cov(m, b: _Batch) -> _Terms:
 def _kl_cov(m, b: _Batch) -> _Terms:
     """verl ``compute_policy_loss_kl_cov`` (b178a3c): −A·r everywhere, + κ·|log r| on the
     k = max(1, ⌊ρ·#valid⌋) valid tokens of largest covariance (ties: first in row-major order)."""
-    cov = _covariance(b)
+    cov = _covariance(b)  # −inf on padding: never among the k <= #valid largest
     with torch.no_grad():
-        valid = torch.nonzero(b.mask.reshape(-1)).reshape(-1)
+        n_valid = int(b.lengths.sum())
         selected = torch.zeros_like(b.mask)
-        if valid.numel():
-            k = max(1, int(valid.numel() * m.ratio))
-            chosen = valid[_top_k_first(cov.reshape(-1)[valid], k)]
+        if n_valid:
+            k = max(1, int(n_valid * m.ratio))
+            chosen = _top_k_first(cov.reshape(-1), k)
             selected = selected.reshape(-1).index_fill(0, chosen, True).reshape(b.mask.shape)
         sel = selected.view(torch.uint8).to(b.log_w.dtype)
     penalty = b.log_ratio.abs() * sel * m.kappa if m.kappa > 0 else None
@@ -1146,6 +1157,9 @@ def policy_loss(
     compute_metrics: bool = True,
     denominator: str = "valid",
     rng=None,
+    correction=None,
+    mode: str = "decoupled",
+    rollout_log_prob=None,
     **hyperparams,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy loss of weight mapping ``name`` and its metrics.
@@ -1175,6 +1189,16 @@ def policy_loss(
         ``agg_loss``; the same as ``"valid"`` for a mapping that does not reject).
     rng : numpy Generator or int, optional
         The random stream of a stochastic mapping (``clip_cov``; default ``default_rng(0)``).
+    correction, mode, rollout_log_prob : optional
+        A composed loss (:mod:`simkit.composition`, the same c as
+        ``Estimator(mapping, correction=…, mode=…)``). ``mode="decoupled"`` (verl decoupled,
+        TRL vLLM IS): ``old_log_prob`` is log π_old (the trainer's recomputation) and
+        ``rollout_log_prob`` log μ (the engine's); the mapping acts on log π − log π_old and the
+        detached correction weight c_correction(log π_old − log μ) multiplies every token's
+        weight. ``mode="bypass"``: ``old_log_prob`` is log μ (π_old := μ) and the correction acts
+        on log π − log μ too. ``mode="trl_vespo"``: TRL's VESPO, the token correction folded into
+        W (mapping ``vespo``). ``denominator="kept"`` then counts the tokens both rejections
+        keep. The metrics describe the mapping's ratio (π/π_old, or π/μ in bypass mode).
     **hyperparams
         The mapping's hyperparameters (names and defaults of ``simkit.mappings``).
 
@@ -1218,6 +1242,7 @@ def policy_loss(
     log_w = log_ratio.detach().sum(dim=1)
     log_s = log_w / lengths.clamp(min=1)  # 0 for an empty row (its log W is 0)
     needs_log_prob = mapping.name in ("clip_cov", "kl_cov")
+    full = needs_log_prob and bool(mask.all())  # no padding: the selects can be skipped
     batch = _Batch(
         log_ratio,
         mask,
@@ -1229,24 +1254,42 @@ def policy_loss(
         float(lr_min),
         float(lr_max),
         adv=adv,
-        log_prob=torch.where(mask, lp.detach(), 0.0) if needs_log_prob else None,
+        log_prob=(lp.detach() if full else torch.where(mask, lp.detach(), 0.0))
+        if needs_log_prob
+        else None,
         rng=rng,
+        full=full,
     )
 
-    terms = _KERNELS[mapping.name](mapping, batch)
+    corr, c_corr = _correction_weights(
+        mapping, correction, mode, rollout_log_prob, denominator, batch, old, dtype
+    )
+    if corr is not None and mode == "trl_vespo":
+        terms = _Terms(seq=c_corr)  # φ(W) with the correction folded into W
+        corr = c_corr = None
+    else:
+        terms = _KERNELS[mapping.name](mapping, batch)
+    kept = None
     if denominator == "kept" and mapping.rejects:
         with torch.no_grad():
             c = terms.tok if terms.tok is not None else terms.seq[:, None].expand(mask.shape)
             kept = (c.detach() != 0) & mask
-            inv_z = _inverse_z(kept.sum(dim=1).to(dtype), mask.shape[1], agg, max_length)
+    if denominator == "kept" and corr is not None and corr.rejects:
+        kept = (c_corr != 0) & (mask if kept is None else kept)
+    if kept is not None:
+        inv_z = _inverse_z(kept.sum(dim=1).to(dtype), mask.shape[1], agg, max_length)
     row_weight = adv * inv_z  # A_i / Z_i
     if surrogate:
         with torch.no_grad():
             token_weight = maskf * row_weight[:, None]
+            if c_corr is not None:
+                token_weight = token_weight * c_corr
         loss = -torch.dot(terms.tok.reshape(-1), token_weight.reshape(-1))
         if terms.penalty is not None:
             with torch.no_grad():
                 pen_weight = maskf * inv_z[:, None]
+                if c_corr is not None:
+                    pen_weight = pen_weight * c_corr
             loss = loss + torch.dot(terms.penalty.reshape(-1), pen_weight.reshape(-1))
     else:
         with torch.no_grad():
@@ -1254,10 +1297,94 @@ def policy_loss(
                 token_weight = maskf * (terms.seq * row_weight)[:, None]
             else:
                 token_weight = (terms.tok * maskf).mul_(row_weight[:, None])
+            if c_corr is not None:
+                token_weight = token_weight * c_corr
         # the weights are 0 on padding; where log π may be non-finite there, zero it first
         log_pi = lp if finite else torch.where(mask, lp, 0.0)
         loss = -torch.dot(token_weight.reshape(-1), log_pi.reshape(-1))
     return loss, (_metrics(batch, terms) if compute_metrics else {})
+
+
+def _leg_batch(log_ratio: torch.Tensor, b: _Batch) -> _Batch:
+    """A detached batch on another log-ratio leg (0 on padding), same rows as ``b``."""
+    lr_min, lr_max = _extremes(log_ratio)
+    log_w = log_ratio.sum(dim=1)
+    return _Batch(
+        log_ratio,
+        b.mask,
+        b.maskf,
+        b.positive,
+        b.lengths,
+        log_w,
+        log_w / b.lengths.clamp(min=1),
+        float(lr_min),
+        float(lr_max),
+        adv=b.adv,
+    )
+
+
+def _correction_weights(mapping, correction, mode, rollout_log_prob, denominator, b, old, dtype):
+    """(correction Mapping or None, its detached token weights (N, T) or None); for
+    ``trl_vespo`` the second item is φ(W) per row (N,) with the token correction in W."""
+    from simkit import composition
+
+    corr = composition.check_correction(mapping, correction, mode, denominator)
+    if corr is None:
+        if rollout_log_prob is not None:
+            raise ValueError("rollout_log_prob applies to a composed loss only (pass correction)")
+        return None, None
+    if corr.name not in _KERNELS:
+        raise KeyError(f"correction {corr.name!r} has no torch kernel")
+    with torch.no_grad():
+        if mode == "bypass":
+            if rollout_log_prob is not None:
+                raise ValueError(
+                    "mode 'bypass' sets π_old := μ: pass log μ as old_log_prob and no "
+                    "rollout_log_prob"
+                )
+            leg = b.log_ratio.detach()
+        else:
+            if rollout_log_prob is None:
+                raise ValueError(
+                    f"mode {mode!r} needs rollout_log_prob (log μ of the inference engine); "
+                    "old_log_prob is then log π_old"
+                )
+            rollout = _as_tensor(rollout_log_prob, "rollout_log_prob", old.device)
+            if tuple(rollout.shape) != tuple(old.shape):
+                raise ValueError(
+                    f"shape mismatch: old_log_prob has shape {tuple(old.shape)}, "
+                    f"rollout_log_prob has {tuple(rollout.shape)}"
+                )
+            leg = torch.where(b.mask, old - rollout.detach().to(dtype), 0.0)
+            if bool(torch.isnan(leg).any()):
+                raise ValueError("old_log_prob - rollout_log_prob is NaN on a valid token")
+        if mode == "trl_vespo":
+            return corr, _trl_vespo(mapping, corr, b, leg)
+        terms = _KERNELS[corr.name](corr, _leg_batch(leg, b))
+        c = terms.tok if terms.tok is not None else terms.seq[:, None].expand(b.mask.shape)
+        return corr, c * b.maskf
+
+
+def _trl_vespo(m, corr, b: _Batch, leg: torch.Tensor) -> torch.Tensor:
+    """TRL ``get_gamma_weights`` (f2cd577): log W = Σ clip(log π − log π_old, ±cap) + Σ clip(log
+    w_t, log 1e-8, 20), w_t the token correction of log π_old − log μ; φ(W) per row."""
+    from simkit.composition import TRL_LOG_IS_HIGH, TRL_LOG_IS_LOW
+
+    lo_c, hi_c = _log(corr.c_low), _log(corr.c_high)
+    if corr.name == "tis_token":
+        lo = max(lo_c, TRL_LOG_IS_LOW)
+        hi = min(hi_c, TRL_LOG_IS_HIGH, corr.max_log_ratio)
+        log_is = torch.clamp(leg, lo, max(lo, hi))
+    else:
+        log_is = torch.clamp(leg, TRL_LOG_IS_LOW, min(TRL_LOG_IS_HIGH, corr.max_log_ratio))
+        log_is = torch.where((leg < lo_c) | (leg > hi_c), TRL_LOG_IS_LOW, log_is)
+    cap = m.max_log_ratio_tok
+    tok = (torch.clamp(b.log_ratio.detach(), -cap, cap) + log_is) * b.maskf
+    log_w = torch.clamp(tok.sum(dim=1), m.min_log_ratio_seq, m.max_log_ratio_seq)
+    k = b.per_row(m.k_pos, m.k_neg)
+    lam = b.per_row(m.lambda_pos, m.lambda_neg)
+    phi = torch.exp(k * log_w + lam * (1.0 - torch.exp(log_w)))
+    return torch.nan_to_num(phi, nan=0.0, posinf=0.0, neginf=0.0)
 
 
 def _extremes(x: torch.Tensor) -> tuple[float, float]:

@@ -179,24 +179,37 @@ class GSPO(_ClipBand):
 
     verl's ``compute_policy_loss_gspo`` (``core_algos.py`` at b178a3c) also applies
     ``torch.clamp(log s, max=10)`` before exponentiating. That is not a value cap: the clamp's
-    derivative is 0 above 10, so a sequence with log s > 10 gets *zero gradient* in verl (a
-    hidden dual clip, also for A < 0 where PPO's band alone would keep it). Here it can be
-    reproduced for A < 0 rows by nothing but a mask; ``max_log_ratio`` caps the value only.
+    derivative is 0 above 10, so a sequence with log s > 10 gets *zero gradient* in verl — a
+    hidden dual clip, which matters for A < 0 rows (PPO's band alone keeps them). Here it is
+    ``grad_log_cap`` (default ∞): c = 0 when log s > grad_log_cap; preset ``verl`` = ε
+    0.2/0.2 with grad_log_cap = 10. ``max_log_ratio`` caps the value only.
     """
 
     eps_low: float = 3e-4
     eps_high: float = 4e-4
     max_log_ratio: float = DEFAULT_MAX_LOG_RATIO
+    grad_log_cap: float = math.inf
     name = "gspo"
     level = "sequence"
     ratio_kind = "geometric"
+    quiet_defaults = ("grad_log_cap",)
     presets: ClassVar[dict[str, dict]] = {
         "paper": {"eps_low": 3e-4, "eps_high": 4e-4},
         "libraries": {"eps_low": 0.2, "eps_high": 0.2},
+        "verl": {"eps_low": 0.2, "eps_high": 0.2, "grad_log_cap": 10.0},
     }
 
     def __post_init__(self):
         self._validate_band()
+        check_real(self, "grad_log_cap", low=0.0, high=math.inf, low_open=True, allow_inf=True)
+
+    @property
+    def _neg_high(self) -> float:
+        return math.exp(self.grad_log_cap) if self.grad_log_cap < 700 else math.inf
+
+    def _log_bands(self, advantages):
+        lo, hi = super()._log_bands(advantages)
+        return lo, np.minimum(hi, self.grad_log_cap)
 
     def _coefficients(self, log_ratio, mask, advantages):
         log_s = seq_mean_log_ratio(log_ratio, mask)

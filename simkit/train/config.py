@@ -36,6 +36,7 @@ from simkit.estimator_specs import plain
 from simkit.train.core import GRADIENTS, TrainConfig
 from simkit.train.mismatch import Mismatch
 from simkit.train.optim import OPTIMIZERS
+from simkit.train.params import PARAMETERIZATIONS
 
 __all__ = ["MISMATCH_KEYS", "SWEPT", "TrainSweepConfig", "mismatch_to_dict", "run_train_cell"]
 
@@ -44,6 +45,8 @@ MISMATCH_KEYS = tuple(f.name for f in dataclasses.fields(Mismatch))
 #: TrainConfig fields that a training sweep sets per run (swept, or derived from N)
 SWEPT = ("estimator", "batch", "minibatches", "lag", "lr", "mismatch")
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+#: the parameterisation fields, written by ``to_dict`` only for a non-tabular policy
+_FEATURE_KEYS = ("parameterization", "features", "feature_rank", "feature_seed")
 _Positive = Annotated[StrictFloat, Field(gt=0.0, allow_inf_nan=False)]
 _Unit = Annotated[StrictFloat, Field(gt=0.0, lt=1.0)]
 
@@ -76,8 +79,9 @@ class TrainSweepConfig(Frozen):
     update: the rollout batch is N·m, so that every N makes the same updates on the same number
     of samples and only the staleness changes) or ``batch`` (a fixed rollout batch B split
     into N mini-batches of B/N). ``steps``, ``optimizer``, ``beta1``, ``beta2``, ``adam_eps``,
-    ``max_grad_norm``, ``gradient`` and ``record_every`` are the
-    :class:`~simkit.train.TrainConfig` fields, the same for every run.
+    ``max_grad_norm``, ``gradient``, ``record_every``, ``parameterization``, ``features``,
+    ``feature_rank`` and ``feature_seed`` are the :class:`~simkit.train.TrainConfig` fields,
+    the same for every run.
 
     **Seeds.** A run's random streams are ``SeedSequence(seed)`` of its entry of ``seeds``,
     exactly as ``simkit.train.train(env, config, seed=seed)``: runs that differ only in the
@@ -126,6 +130,10 @@ class TrainSweepConfig(Frozen):
     max_grad_norm: _Positive | None = None
     gradient: Literal[GRADIENTS] = _DEFAULTS["gradient"]
     record_every: PosInt = _DEFAULTS["record_every"]
+    parameterization: Literal[PARAMETERIZATIONS] = _DEFAULTS["parameterization"]
+    features: PosInt = _DEFAULTS["features"]
+    feature_rank: PosInt = _DEFAULTS["feature_rank"]
+    feature_seed: NonNegInt = _DEFAULTS["feature_seed"]
     seeds: one_or_more(NonNegInt) = (0,)
 
     @model_validator(mode="after")
@@ -169,6 +177,8 @@ class TrainSweepConfig(Frozen):
         d["lag"] = list(self.lag)
         d["lr"] = list(self.lr)
         for key in _scalars():
+            if key in _FEATURE_KEYS and self.parameterization == "tabular":
+                continue  # the tabular default: no parameterisation keys (older files agree)
             if key != "steps" and getattr(self, key) is not None:
                 d[key] = getattr(self, key)
         d["seeds"] = list(self.seeds)
