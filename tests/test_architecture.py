@@ -23,8 +23,8 @@ PENDING = {
     "simkit/envs/token_mdp.py": "being extended by issue 12 (DP moments); split after it lands",
     "simkit/lm/losses.py": "being extended by issue 15 (new losses); split after it lands",
     "simkit/lm/models.py": "GGUF converter to move to its own module (issue 14 follow-up)",
-    "simkit/sweep.py": "grown by issue 13 (locks, shard checks); split after it lands",
     "simkit/train/core.py": "grown by issues 13 and 16; split after they land",
+    "simkit/experiment.py": "grown by issues 12 and 15 (reliability, run(old=)); split after",
 }
 
 

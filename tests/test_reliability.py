@@ -508,11 +508,6 @@ def test_torch_policy_loss_agrees_on_nan():
     assert math.isfinite(float(loss))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="simkit/lm/losses.py lets ±inf log-ratios on valid tokens through (tis_token gives "
-    "a -inf loss, gspo NaN); the numpy mappings reject them. Fix belongs to the torch loss path.",
-)
 @pytest.mark.parametrize("bad", [math.inf, -math.inf])
 def test_torch_policy_loss_rejects_inf_on_valid_tokens(bad):
     torch = pytest.importorskip("torch")
@@ -520,8 +515,15 @@ def test_torch_policy_loss_rejects_inf_on_valid_tokens(bad):
 
     lp = torch.zeros(2, 3)
     lp[0, 1] = bad
-    with pytest.raises(ValueError):
-        policy_loss("gspo", lp, torch.zeros(2, 3), torch.tensor([1.0, -1.0]), torch.ones(2, 3) > 0)
+    for name in ("gspo", "tis_token", "ppo_clip"):
+        with pytest.raises(ValueError, match=r"infinite on a valid token at position \(0, 1\)"):
+            policy_loss(
+                name, lp, torch.zeros(2, 3), torch.tensor([1.0, -1.0]), torch.ones(2, 3) > 0
+            )
+    mask = torch.ones(2, 3) > 0
+    mask[0, 1] = False  # the same value on padding is inert
+    loss, _ = policy_loss("gspo", lp, torch.zeros(2, 3), torch.tensor([1.0, -1.0]), mask)
+    assert math.isfinite(float(loss))
 
 
 # --- §7 messages naming what the user typed ---------------------------------------------------
@@ -558,7 +560,7 @@ def test_string_and_complex_arrays_are_named():
     [
         (["--N", "0"], "--N must be an integer >= 1, got 0", "TrainConfig"),
         (["--minibatch-size", "0"], "--minibatch-size", "TrainConfig"),
-        (["--env", "markovv"], "--env: unknown value 'markovv'", "--constructor"),
+        (["--env", "markovv"], "--env: unknown TokenMDP constructor 'markovv'", "--constructor"),
         (["--env-seed", "-1"], "--env-seed", "--seed:"),
         (["--seed", "-2"], "--seed must be an integer >= 0, got -2", "SeedSequence"),
     ],

@@ -87,7 +87,7 @@ def render_key(key: str) -> str:
 
 def plan(name: str, small: bool, store: _cache.FigureCache, force: bool) -> tuple[str, str]:
     """(key, what is needed: "cached", "redrawn" or "computed") for figure ``name``."""
-    from simkit import figures
+    from simkit.figures import registry as figures
 
     module = figures.figure_module(name)
     key = _cache.figure_key(name, module.__name__, module.config(small=small))
@@ -104,7 +104,7 @@ def plan(name: str, small: bool, store: _cache.FigureCache, force: bool) -> tupl
 
 def make_one(name: str, out_dir, small: bool, cache_dir, force: bool, events=None) -> Result:
     """Make figure ``name`` in ``out_dir`` using (and refilling) the cache; see module doc."""
-    from simkit import figures
+    from simkit.figures import registry as figures
 
     start = time.perf_counter()
     if events is not None:
@@ -199,7 +199,7 @@ def build(
     :func:`simkit.figures.cache.default_cache_dir`. ``stream``: where progress goes
     (default stderr); ``progress=False`` prints only the per-figure lines.
     """
-    from simkit import figures
+    from simkit.figures import registry as figures
 
     names = list(dict.fromkeys(names or figures.available()))
     small = small or figures.small_from_env()
@@ -433,7 +433,7 @@ def _fmt(seconds: float) -> str:
 
 def manifest_entry(name: str, small: bool) -> dict:
     """The manifest fields that follow from the current code alone (no computation)."""
-    from simkit import figures
+    from simkit.figures import registry as figures
 
     module = figures.figure_module(name)
     deps = _cache.dependencies(module.__name__)
@@ -454,7 +454,7 @@ def write_manifest(out_dir, results: list[Result], small: bool) -> Path:
     changes nothing unless a figure was recomputed. ``compute_s`` orders the first run on a
     fresh clone (longest first) and feeds its ETAs.
     """
-    from simkit import figures
+    from simkit.figures import registry as figures
 
     path = Path(out_dir) / MANIFEST
     old = read_manifest(out_dir).get("figures", {})
@@ -492,7 +492,7 @@ def stale(out_dir, names=None) -> dict[str, str]:
     A figure is stale when the manifest lacks it, was made at small size, its config, caption or
     code (any module it imports) changed, or its PNG/PDF differ from the recorded SHA-256.
     """
-    from simkit import figures
+    from simkit.figures import registry as figures
 
     manifest = read_manifest(out_dir).get("figures", {})
     out = Path(out_dir)

@@ -1234,10 +1234,14 @@ def policy_loss(
         with torch.set_grad_enabled(surrogate and torch.is_grad_enabled()):
             log_ratio = torch.where(mask, lp - old, 0.0)
         lr_min, lr_max = _extremes(log_ratio)
-        if math.isnan(lr_min) or math.isnan(lr_max):
+        if not (math.isfinite(lr_min) and math.isfinite(lr_max)):
+            bad = torch.nonzero(~torch.isfinite(log_ratio.detach()))[0].tolist()
+            kind = "NaN" if math.isnan(lr_min) or math.isnan(lr_max) else "infinite"
             raise ValueError(
-                "log_prob - old_log_prob is NaN on a valid token (e.g. -inf - (-inf)); check "
-                "log_prob and old_log_prob where response_mask is True"
+                f"log_prob - old_log_prob is {kind} on a valid token at position "
+                f"{tuple(bad)} (e.g. -inf - (-inf), or a zero probability); check log_prob and "
+                "old_log_prob where response_mask is True (padding may hold anything), as the "
+                "numpy mappings do"
             )
     log_w = log_ratio.detach().sum(dim=1)
     log_s = log_w / lengths.clamp(min=1)  # 0 for an empty row (its log W is 0)
