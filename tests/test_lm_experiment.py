@@ -289,7 +289,8 @@ def test_off_policy_naive_is_biased_and_sequence_is_is_not(model, task, on_polic
     for col in ("bias", "variance", "cosine", "mse", "snr", "ess", "chi2_seq"):
         assert np.isfinite(tab[col]).all(), col
     # k̂ of the unbounded sequence weights is finite; bounded ones (naive: all 1) have no tail
-    assert np.isfinite(seq.khat) and naive.khat == -math.inf
+    # k̂ is NaN where no Pareto tail can be fitted (constant weights, few draws), never ±inf
+    assert math.isnan(naive.khat) and not math.isinf(seq.khat)
     assert (tab.variance_lo <= tab.variance).all() and (tab.variance <= tab.variance_hi).all()
     assert not tab.exact.any()
 
