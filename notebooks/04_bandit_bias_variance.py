@@ -62,9 +62,10 @@ pd.set_option("display.precision", 4)
 # $$\nabla J = \mathbb{E}_\pi[R\,\nabla\log\pi(y)] = \pi \odot (m - J), \qquad J = \pi^\top m.$$
 #
 # The samples come from a behaviour policy $\mu \ne \pi$ (a stale checkpoint, an inference
-# engine). With the ratio $w = \pi(y)/\mu(y)$ and the oracle advantage $A = R - J$ (it isolates
-# the effect of the weights), a **weight mapping** gives the coefficient $c = \varphi(w,
-# \operatorname{sign} A)$ of each sample and the estimator
+# engine). With the ratio $w = \pi(y)/\mu(y)$ and the oracle advantage $A = R - J(\mu)$ (the
+# exact value that a group or batch mean of $\mu$-drawn rewards estimates, so that
+# $\mathbb{E}_\mu[A] = 0$; `oracle_pi` would subtract $J(\pi)$ instead), a **weight mapping**
+# gives the coefficient $c = \varphi(w, \operatorname{sign} A)$ of each sample and the estimator
 #
 # $$\hat g = \frac1n \sum_{i=1}^n \varphi(w_i, \operatorname{sign} A_i)\, A_i\,
 #   \nabla\log\pi(y_i), \qquad y_i \sim \mu .$$

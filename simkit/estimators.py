@@ -28,10 +28,12 @@ AGGREGATIONS = (
     "seq-mean-token-sum",
     "seq-mean-token-sum-norm",
 )
-ADVANTAGES = ("oracle", "grpo", "dr_grpo", "rloo", "raw")
+ADVANTAGES = ("oracle", "oracle_pi", "grpo", "dr_grpo", "rloo", "raw")
 GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo")
+#: advantages A = R − b with an exact baseline b: J(μ) for ``oracle``, J(π) for ``oracle_pi``
+ORACLE_ADVANTAGES = ("oracle", "oracle_pi")
 #: advantages that are a function of one sample's reward only (no coupling inside a batch)
-PER_SAMPLE_ADVANTAGES = ("oracle", "raw")
+PER_SAMPLE_ADVANTAGES = ("oracle", "oracle_pi", "raw")
 #: GRPO's ε in A = (R − mean)/(std + ε): verl's default (TRL adds 1e-4 instead)
 DEFAULT_ADV_EPS = 1e-6
 
@@ -47,8 +49,19 @@ def advantages(
     Reference sheet section E. Groups are ``group_size`` = G *consecutive* samples along the
     last axis (the G responses to one prompt); N must be a multiple of G.
 
-    - ``"oracle"``: A = R − J(π) (``J`` required, a scalar or broadcastable to (L..., N));
-      isolates the importance-sampling effect (exact baseline).
+    - ``"oracle"``: A = R − J(μ), the exact expected reward of the *behaviour* μ that drew the
+      samples (``J`` required: the caller passes J(μ), a scalar or broadcastable to (L..., N);
+      :meth:`Estimator.baseline` picks it). This is the value that the baselines of real
+      trainers estimate: a group mean (GRPO, Dr. GRPO, RLOO) or a batch mean of rewards drawn
+      from μ has expectation J(μ), not J(π). It makes the advantage centred under the sampling
+      law, E_μ[A] = 0, so a mapping's bias is not confounded with the term
+      (J(μ) − J(π))·E_μ[c·score], which a J(π) baseline adds to every mapping whose
+      coefficient c is not a ratio (E_μ[W·score] = 0 for the sequence ratio W and
+      E_μ[r_t·score_t | prefix] = 0 for the token ratio, so is_seq and is_token do not depend
+      on any constant baseline; naive, clipping, truncation… do).
+    - ``"oracle_pi"``: A = R − J(π) (``J`` = J(π) of the target): centred under π, not under μ.
+      Kept for comparison with the earlier convention: E_μ[A] = J(μ) − J(π) ≠ 0 under a
+      mismatch, and that non-zero mean leaks into the bias of non-ratio mappings.
     - ``"raw"``: A = R (no baseline).
     - ``"grpo"``: A = (R − mean_G) / (std_G + ε) (DeepSeekMath, Shao et al. 2024, eq. in §4.1.2),
       std_G the *unbiased* group standard deviation (ddof = 1), as ``torch.std`` computes it in
@@ -95,7 +108,8 @@ def advantages(
     if kind == "raw":
         return R.copy()
     if J is None:
-        raise ValueError("advantage 'oracle' (A = R - J) needs the exact J")
+        which = "J(mu)" if kind == "oracle" else "J(pi)"
+        raise ValueError(f"advantage {kind!r} (A = R - {which}) needs the exact {which} as J")
     J_arr = np.asarray(J, dtype=np.float64)
     if not np.all(np.isfinite(J_arr)):
         raise ValueError(f"J must be finite, got {J}")
@@ -276,11 +290,28 @@ class Estimator:
         """True iff ĝ is a sum of one independent term per sample (the exact path applies).
 
         That holds when the mapping is not batch dependent and the advantage depends on the
-        sample's own reward only (``oracle`` or ``raw``). The exact path also needs a
+        sample's own reward only (``oracle``, ``oracle_pi`` or ``raw``). The exact path also needs a
         deterministic Z (``token-mean`` on variable lengths has a random Z) and an enumerable
         environment: :func:`simkit.experiment.has_exact_path` makes that final decision.
         """
         return (not self.mapping.batch_dependent) and self.advantage in PER_SAMPLE_ADVANTAGES
+
+    def baseline(self, J_pi=None, J_mu=None) -> float | None:
+        """The exact baseline b of this estimator's advantage A = R − b, or None (no oracle).
+
+        ``oracle``: b = J(μ) (``J_mu``, the expected reward of the behaviour that drew the
+        batch); ``oracle_pi``: b = J(π) (``J_pi``); the other advantages take no J (None).
+        See :func:`advantages` for why J(μ) is the default.
+        """
+        if self.advantage == "oracle":
+            if J_mu is None:
+                raise ValueError("advantage 'oracle' (A = R - J(mu)) needs J_mu = J(mu)")
+            return float(J_mu)
+        if self.advantage == "oracle_pi":
+            if J_pi is None:
+                raise ValueError("advantage 'oracle_pi' (A = R - J(pi)) needs J_pi = J(pi)")
+            return float(J_pi)
+        return None
 
     def check_batch_size(self, n: int) -> None:
         """Raise ``ValueError`` if a batch of ``n`` samples cannot be split into groups."""
@@ -333,8 +364,9 @@ class Estimator:
     def token_weights(self, log_ratio, mask, rewards, J=None, return_coefficients=False):
         """Per-token weights λ = c · A / Z of shape (L..., N, T).
 
-        ``log_ratio``, ``mask`` (L..., N, T); ``rewards`` (L..., N); ``J`` the exact J(π) (used
-        by the ``oracle`` advantage only). The gradient estimate is then
+        ``log_ratio``, ``mask`` (L..., N, T); ``rewards`` (L..., N); ``J`` the exact baseline of
+        the oracle advantages (J(μ) for ``oracle``, J(π) for ``oracle_pi``, see
+        :meth:`baseline`; ignored by the others). The gradient estimate is then
         ``env.accumulate(actions, λ)``. With ``return_coefficients=True`` returns ``(λ, c)``.
         """
         lr = np.asarray(log_ratio, dtype=np.float64)
@@ -351,8 +383,12 @@ class Estimator:
         return (lam, c) if return_coefficients else lam
 
     def gradient(self, env, batch) -> np.ndarray:
-        """ĝ = ``env.accumulate(batch.actions, λ)`` for a sampled batch, shape (L..., D)."""
-        lam = self.token_weights(batch.log_ratio, batch.mask, batch.rewards, batch.J)
+        """ĝ = ``env.accumulate(batch.actions, λ)`` for a sampled batch, shape (L..., D).
+
+        The oracle baselines come from the batch: ``batch.J_mu`` = J(μ), ``batch.J`` = J(π).
+        """
+        b = self.baseline(batch.J, batch.J_mu) if self.advantage in ORACLE_ADVANTAGES else None
+        lam = self.token_weights(batch.log_ratio, batch.mask, batch.rewards, b)
         return env.accumulate(batch.actions, lam)
 
 

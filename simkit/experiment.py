@@ -69,7 +69,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from simkit.estimators import Estimator, as_estimator
+from simkit.estimators import ORACLE_ADVANTAGES, PER_SAMPLE_ADVANTAGES, Estimator, as_estimator
 from simkit.mappings.psis import psis_khat
 
 #: metrics that carry ``*_lo``/``*_hi`` bounds on the Monte Carlo path
@@ -175,16 +175,17 @@ class ExactMoments:
     ess: float
 
 
-def exact_moments(env, behaviour, estimator, n: int) -> ExactMoments:
+def exact_moments(env, behaviour, estimator, n: int, params: str = "untied") -> ExactMoments:
     """E ĝ, Var ĝ and ESS of an n-sample estimator by enumeration of the support (exact).
 
     Needs an exact path (:func:`has_exact_path`: a per-sample estimator, a deterministic Z and
-    an enumerable environment). With the atoms of ``env.support(μ, b)`` (b = J for the oracle
-    advantage, 0 for raw) — (y, sign A) on the bandit, whole sequences y on the token MDP —,
-    c_t the mapping's coefficients on each atom (one (M, T) call) and a_t = n/Z_i the
-    aggregation weight of one sample (the atom seen as a batch of one: 1/T for fixed-length
-    token-mean, 1/|y| for seq-mean-token-mean, 1 for seq-mean-token-sum, 1/L_max for
-    seq-mean-token-sum-norm), each sample contributes h = A·Σ_t c_t a_t ∇log π(y_t|s_t) and
+    an enumerable environment). With the atoms of ``env.support(μ, b)`` (b = J(μ) for the
+    ``oracle`` advantage, J(π) for ``oracle_pi``, 0 for raw: :func:`oracle_baseline`) — (y, sign
+    A) on the bandit, whole sequences y on the token MDP —, c_t the mapping's coefficients on
+    each atom (one (M, T) call) and a_t = n/Z_i the aggregation weight of one sample (the atom
+    seen as a batch of one: 1/T for fixed-length token-mean, 1/|y| for seq-mean-token-mean, 1
+    for seq-mean-token-sum, 1/L_max for seq-mean-token-sum-norm), each sample contributes h =
+    A·Σ_t c_t a_t ∇log π(y_t|s_t) and
     ĝ = (1/n) Σ_i h_i with h_i i.i.d.:
 
         E h   = Σ_atoms E[A·1{atom}] · Σ_t c_t a_t ∇log π(y_t|s_t)       (one ``accumulate``)
@@ -195,15 +196,21 @@ def exact_moments(env, behaviour, estimator, n: int) -> ExactMoments:
     else from per-atom gradients in chunks (``env.accumulate`` on one atom per batch).
     ESS = n·(E Σ_t|c_t|)² / (E Σ_t c_t² · E|y|) (the population form of the Monte Carlo ESS
     over tokens; n·(E|c|)²/E c² when T = 1).
+
+    ``params`` (:data:`PARAMS`): ``"untied"`` — θ has one block per position (the environment's
+    own D = T·P·V parameters); ``"tied"`` — one table shared by every position, whose gradient
+    is the sum of the per-position blocks (:func:`tie`): E h and ∇J are summed over positions
+    and ‖h‖² is taken of the summed per-atom vector (cross-position terms included).
     """
     est = as_estimator(estimator)
+    params = _check_params(params)
     why = _why_not_exact(est, env)
     if why:
         kind = "is not per-sample" if not est.per_sample else "has no exact path"
         raise ValueError(f"estimator {est.name!r} {kind}: {why}")
     est.check_batch_size(n)
     mu = env.check_policy(behaviour, "behaviour")
-    baseline = env.J() if est.advantage == "oracle" else 0.0
+    baseline = oracle_baseline(env, mu, est)
     atoms = env.support(mu, baseline)
     mask = np.asarray(atoms.mask, dtype=bool)  # (M, T)
     c = est.mapping.coefficients(atoms.log_ratio, mask, atoms.advantage_sign)
@@ -215,7 +222,9 @@ def exact_moments(env, behaviour, estimator, n: int) -> ExactMoments:
         )
     per_token = c * est.aggregation_weights(mask[:, None, :])[:, 0, :]  # c_t·a_t, (M, T)
     first = env.accumulate(atoms.actions, per_token * atoms.adv_first[:, None])  # E h, (D,)
-    norms = _atom_score_norms_sq(env, atoms.actions, per_token)
+    if params == "tied":
+        first = tie(first, env.T)
+    norms = _atom_score_norms_sq(env, atoms.actions, per_token, params)
     second = float(np.sum(atoms.adv_second * norms))
     var_one = max(second - float(first @ first), 0.0)
     abs_c = np.abs(c) * mask
@@ -227,13 +236,29 @@ def exact_moments(env, behaviour, estimator, n: int) -> ExactMoments:
     return ExactMoments(mean=first, variance=var_one / n, ess=ess)
 
 
+def oracle_baseline(env, mu, estimator) -> float:
+    """The exact baseline b of ``estimator``'s advantage A = R − b on ``env`` under μ = ``mu``.
+
+    ``oracle``: J(μ) (``env.J(mu)``: what group and batch means of μ-drawn rewards estimate,
+    so that E_μ[A] = 0); ``oracle_pi``: J(π) (``env.J()``); any other advantage: 0.
+    """
+    est = as_estimator(estimator)
+    if est.advantage == "oracle":
+        return float(env.J(mu))
+    if est.advantage == "oracle_pi":
+        return float(env.J())
+    return 0.0
+
+
 #: per-atom gradient vectors formed at once by :func:`_atom_score_norms_sq` (values)
 _CHUNK_VALUES = 1 << 22
 
 
-def _atom_score_norms_sq(env, actions, token_weights) -> np.ndarray:
-    """‖Σ_t λ_t ∇log π(y_t|s_t)‖² per atom (M,), for ``actions`` (M, …) and λ (M, T)."""
-    if hasattr(env, "score_norms_sq"):
+def _atom_score_norms_sq(env, actions, token_weights, params: str = "untied") -> np.ndarray:
+    """‖Σ_t λ_t ∇log π(y_t|s_t)‖² per atom (M,), for ``actions`` (M, …) and λ (M, T).
+
+    With ``params="tied"`` the norm is of the tied gradient (:func:`tie` of the vector)."""
+    if hasattr(env, "score_norms_sq") and params == "untied":
         return env.score_norms_sq(actions, token_weights)
     M = token_weights.shape[0]
     out = np.empty(M)
@@ -242,8 +267,36 @@ def _atom_score_norms_sq(env, actions, token_weights) -> np.ndarray:
         stop = min(start + rows, M)
         # every atom is its own batch of one sample: (m, 1, …) -> (m, D)
         grads = env.accumulate(actions[start:stop, None], token_weights[start:stop, None])
+        if params == "tied":
+            grads = tie(grads, env.T)
         out[start:stop] = np.sum(grads**2, axis=-1)
     return out
+
+
+#: parameterisations of θ for the gradient: per-position blocks, or one table for all positions
+PARAMS = ("untied", "tied")
+
+
+def _check_params(params) -> str:
+    if params not in PARAMS:
+        raise ValueError(f"params must be one of {PARAMS}, got {params!r}")
+    return params
+
+
+def tie(vectors, T: int) -> np.ndarray:
+    """Gradient w.r.t. *tied* parameters from gradients w.r.t. untied ones: (…, T·B) → (…, B).
+
+    The untied θ has one block θ[t] of B = D/T parameters per position t (C order, position
+    first: the token MDP's logits (T, P, V)); a tied policy uses one table θ_tied for every
+    position, θ[t] = θ_tied (plus any fixed per-position offset), so by the chain rule
+    ∂f/∂θ_tied = Σ_t ∂f/∂θ[t]: the sum of the per-position blocks. Linear, so E ĝ, ∇J and
+    every ĝ_r are tied the same way (issue 12 §2: the growth laws of the bias change with it).
+    """
+    v = np.asarray(vectors, dtype=np.float64)
+    D = v.shape[-1]
+    if T < 1 or D % T:
+        raise ValueError(f"cannot tie a gradient of dimension {D} over T = {T} positions")
+    return v.reshape(*v.shape[:-1], T, D // T).sum(axis=-2)
 
 
 def has_exact_path(env, estimator) -> bool:
@@ -270,8 +323,9 @@ def sample_gradients(env, batch, estimator) -> MonteCarloDraws:
     Raises ``ValueError`` naming the estimator if its mapping returns a non-finite coefficient.
     """
     est = as_estimator(estimator)
+    b = est.baseline(batch.J, batch.J_mu) if est.advantage in ORACLE_ADVANTAGES else None
     lam, c = est.token_weights(
-        batch.log_ratio, batch.mask, batch.rewards, batch.J, return_coefficients=True
+        batch.log_ratio, batch.mask, batch.rewards, b, return_coefficients=True
     )
     mask = np.asarray(batch.mask, dtype=bool)
     bad = int(np.count_nonzero(~np.isfinite(c[mask])))
@@ -440,7 +494,7 @@ def _why_not_exact(est: Estimator, env=None) -> str:
     reasons = []
     if est.mapping.batch_dependent:
         reasons.append(f"mapping {est.mapping.name!r} is batch dependent")
-    if est.advantage not in ("oracle", "raw"):
+    if est.advantage not in PER_SAMPLE_ADVANTAGES:
         reasons.append(f"advantage {est.advantage!r} couples the samples of a group")
     if env is not None:
         if est.aggregation == "token-mean" and not getattr(env, "fixed_length", True):
@@ -467,6 +521,7 @@ _RESERVED = (
     "adv_eps",
     "max_length",
     "T",
+    "params",
     "n",
     "reps",
     *DIVERGENCE_COLUMNS,
@@ -489,6 +544,7 @@ def run(
     level: float = 0.95,
     n_boot: int = 1000,
     progress: bool | None = None,
+    params: str = "untied",
 ) -> pd.DataFrame:
     """Bias / variance table of ``estimators`` for n-sample batches drawn from ``behaviour``.
 
@@ -507,13 +563,18 @@ def run(
     setting : dict of extra constant columns, e.g. ``{"divergence": "chi2", "target": 0.5}``.
     level : confidence level of the Monte Carlo bounds; ``n_boot``: bootstrap resamples.
     progress : show a tqdm bar over estimators (``None``: only when the work is long).
+    params : ``"untied"`` (default: the gradient w.r.t. per-position parameters θ[t, …], the
+        environment's D) or ``"tied"`` (w.r.t. one table shared by every position: every
+        gradient — ĝ_r, E ĝ, ∇J — is the sum of its per-position blocks, :func:`tie`). The
+        bandit has T = 1, where both are the same. Recorded in the ``params`` column.
 
     Returns
     -------
     A tidy DataFrame, one row per estimator: ``estimator``, ``mapping``, ``aggregation``,
     ``advantage``, ``group_size``, ``adv_eps`` (grpo only), ``max_length`` (NaN where they do
     not apply), one column per mapping hyperparameter (NaN for mappings without it; prefixed
-    ``hp_`` if the name clashes with a column), the ``setting`` columns, ``T``, ``n``, ``reps``,
+    ``hp_`` if the name clashes with a column), the ``setting`` columns, ``T``, ``params``,
+    ``n``, ``reps``,
     ``chi2_tok`` … ``tv_seq``, the metrics (module docstring) with ``*_lo``/``*_hi`` bounds (NaN
     on exact rows), ``khat`` and ``exact``.
     """
@@ -526,6 +587,7 @@ def run(
         raise ValueError(f"level must be in (0, 1), got {level!r}")
     if exact not in ("auto", True, False):
         raise ValueError(f"exact must be 'auto', True or False, got {exact!r}")
+    params = _check_params(params)
     setting = dict(setting or {})
     clash = sorted(set(setting) & set(_RESERVED))
     if clash:
@@ -553,6 +615,8 @@ def run(
     if not all(use_exact):
         boot_weights = _bootstrap_weights(reps, n_boot, np.random.default_rng(boot_ss))
     grad_J = env.grad_J()
+    if params == "tied":
+        grad_J = tie(grad_J, env.T)
     divergences = env.divergences(mu)
 
     if progress is None:
@@ -563,8 +627,10 @@ def run(
     rows = []
     for est, is_exact in tqdm(list(zip(ests, use_exact)), desc="estimators", disable=not progress):
         draws = sample_gradients(env, batch, est)
+        if params == "tied":
+            draws = MonteCarloDraws(tie(draws.gradients, env.T), draws.coefficients, draws.mask)
         if is_exact:
-            metrics = exact_metrics(exact_moments(env, mu, est, n), grad_J)
+            metrics = exact_metrics(exact_moments(env, mu, est, n, params), grad_J)
         else:
             metrics = monte_carlo_metrics(draws, grad_J, n, boot_weights, level)
         coeff = np.abs(draws.coefficients[draws.mask])
@@ -573,6 +639,7 @@ def run(
                 **_describe(est),
                 **setting,
                 "T": env.T,
+                "params": params,
                 "n": n,
                 "reps": reps,
                 **divergences,
@@ -634,6 +701,7 @@ def _tidy(rows: list[dict], ests: list[Estimator], setting_cols: list[str]) -> p
         *hp_cols,
         *setting_cols,
         "T",
+        "params",
         "n",
         "reps",
         *DIVERGENCE_COLUMNS,

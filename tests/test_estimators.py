@@ -25,7 +25,7 @@ from simkit.experiment import exact_moments
 def _loop_advantages(R, kind, J=None, G=None, eps=1e-6):
     out = []
     for i, r in enumerate(R):
-        if kind == "oracle":
+        if kind in ("oracle", "oracle_pi"):  # the caller passes J(μ) resp. J(π)
             out.append(r - J)
             continue
         if kind == "raw":
@@ -197,7 +197,9 @@ def test_per_sample_property(name):
     for adv in ADVANTAGES:
         G = 2 if adv in ("grpo", "dr_grpo", "rloo") else None
         est = Estimator(mapping, advantage=adv, group_size=G)
-        assert est.per_sample == (adv in ("oracle", "raw") and not mapping.batch_dependent)
+        assert est.per_sample == (
+            adv in ("oracle", "oracle_pi", "raw") and not mapping.batch_dependent
+        )
 
 
 def _ragged_batch(rng, lead, N, T):

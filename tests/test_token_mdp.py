@@ -137,7 +137,7 @@ def test_token_level_exact_mean_agrees_with_enumeration(mapping, name, eos):
     env = _envs(eos)[name]
     mu = _behaviour(env, 9)
     m = mappings.get(mapping)
-    b = env.J()
+    b = env.J(mu)  # the oracle baseline J(μ)
     expected = np.zeros(env.D)
     for y, c, f, _p, q in _brute_force(env, mu):
         A = env.reward[f] - b
@@ -280,7 +280,7 @@ def test_exact_variance_by_brute_force():
     env = TokenMDP.parity(2, 3, eos=0, seed=31, stationary=False)
     mu = _behaviour(env, 32)
     est = Estimator("is_token", aggregation="seq-mean-token-mean")
-    b, n = env.J(), 3
+    b, n = env.J(mu), 3  # the oracle baseline J(μ)
     terms, probs = [], []
     for y, c, f, _p, q in _brute_force(env, mu):
         r = np.array([env.pi[t, k, v] / mu[t, k, v] for t, (k, v) in enumerate(zip(c, y))])

@@ -261,7 +261,7 @@ def test_monte_carlo_mean_and_variance_match_exact(eos, estimator):
     n, reps = 8, 20_000
     exact = exact_moments(env, mu, estimator, n)
     b = sample_tokens(env, mu, n, np.random.default_rng(10), reps=reps)
-    lam = estimator.token_weights(b.log_ratio, b.mask, b.rewards, b.J)
+    lam = estimator.token_weights(b.log_ratio, b.mask, b.rewards, b.J_mu)  # oracle: J(μ)
     g = accumulate_tokens(env, b.actions, lam, states=b.states)  # (reps, D)
     mean = g.mean(axis=0)
     se = g.std(axis=0, ddof=1) / math.sqrt(reps)

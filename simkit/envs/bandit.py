@@ -49,7 +49,8 @@ class BanditBatch:
 
     - ``actions`` (L..., n) int, ``rewards`` (L..., n) float;
     - ``log_ratio`` (L..., n, 1) = log π(y) − log μ(y), ``mask`` (L..., n, 1) all True (T = 1);
-    - ``pi``, ``mu`` (K,), ``J`` scalar J(π), ``grad_J`` (K,) ∇θ J(π).
+    - ``pi``, ``mu`` (K,), ``J`` scalar J(π), ``grad_J`` (K,) ∇θ J(π), ``J_mu`` scalar J(μ)
+      (the baseline of the ``oracle`` advantage; NaN if the batch was built without it).
     """
 
     actions: np.ndarray
@@ -60,6 +61,7 @@ class BanditBatch:
     mu: np.ndarray
     J: float
     grad_J: np.ndarray
+    J_mu: float = math.nan
 
     @property
     def n(self) -> int:
@@ -294,6 +296,7 @@ class Bandit:
             mu=mu,
             J=self.J(),
             grad_J=self.grad_J(),
+            J_mu=self.J(mu),
         )
 
     # --- exact support ---------------------------------------------------------------------

@@ -67,7 +67,8 @@ class TokenBatch:
     - ``lengths`` (L..., n) int, number of tokens (= ``mask.sum(-1)``);
     - ``rewards`` (L..., n) float64, R = ``reward[final state]``;
     - ``J`` the exact J(π); ``mu`` (T, P, V) the behaviour policy; ``grad_J`` (D,) the exact
-      ∇θ J(π), computed on first access (``env.grad_J()``).
+      ∇θ J(π), computed on first access (``env.grad_J()``); ``J_mu`` the exact J(μ) (baseline
+      of the ``oracle`` advantage), computed on first access (``env.J(mu)``).
     """
 
     actions: np.ndarray
@@ -99,6 +100,11 @@ class TokenBatch:
     def grad_J(self) -> np.ndarray:
         """Exact ∇θ J(π) of the environment, shape (D,) (computed once, on first access)."""
         return self.env.grad_J()
+
+    @cached_property
+    def J_mu(self) -> float:
+        """Exact J(μ) of the behaviour that drew the batch (computed once, on first access)."""
+        return float(self.env.J(self.mu))
 
 
 # --- helpers --------------------------------------------------------------------------------

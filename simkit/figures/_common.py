@@ -30,3 +30,45 @@ def finite_positive(values) -> np.ndarray:
     arr = np.asarray(values, dtype=np.float64).copy()
     arr[~np.isfinite(arr) | (arr <= 0)] = np.nan
     return arr
+
+
+#: note added to a legend or caption when some Monte Carlo points are drawn hollow
+UNRELIABLE_NOTE = (
+    "hollow markers: Monte Carlo rows marked unreliable (column ``reliable``, "
+    "simkit.experiment.reliability: the interval cannot be trusted)"
+)
+
+
+def mark_unreliable(ax, x, y, reliable, color=None, marker="o", markersize=4.5, label=None):
+    """Draw the points of (x, y) whose ``reliable`` flag is False as hollow markers.
+
+    ``x``, ``y``, ``reliable``: 1-D arrays of one length (``reliable`` boolean; NaN/None count as
+    reliable, as exact rows are). Draw the line (or filled markers) as usual and call this on
+    top: the unreliable points get a white face and an edge in ``color``, so they read as
+    "measured but not trusted". Returns the number of hollow points (0: nothing drawn), so
+    that a caller can add :data:`UNRELIABLE_NOTE` to its caption only when it applies.
+    """
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    flags = np.asarray(reliable, dtype=object)
+    if not (x.shape == y.shape == flags.shape and x.ndim == 1):
+        raise ValueError(
+            f"x, y and reliable must be 1-D arrays of one length, got {x.shape}, {y.shape}, "
+            f"{flags.shape}"
+        )
+    bad = np.array([f is not None and f == f and not bool(f) for f in flags], dtype=bool)
+    if not bad.any():
+        return 0
+    ax.plot(
+        x[bad],
+        y[bad],
+        linestyle="none",
+        marker=marker,
+        markersize=markersize,
+        markerfacecolor="white",
+        markeredgecolor=color,
+        markeredgewidth=1.0,
+        zorder=5,
+        label=label,
+    )
+    return int(bad.sum())

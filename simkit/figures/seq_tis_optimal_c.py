@@ -7,7 +7,8 @@ C* = √(2(1+χ²)) (:func:`simkit.theory.seq_tis_optimal_c`), χ² the sequence
 
 Setting: a token MDP (``TokenMDP.answer_correct``: R = 1 iff the last token is the answer), μ
 dialed by :func:`simkit.envs.behaviour.behaviour` to a sequence-level χ²_seq (one logit-noise
-strength for every state), oracle advantage A = R − J(π). Every sequence is enumerated
+strength for every state), oracle advantage A = R − J(μ) (the exact value that group and batch
+means of μ-drawn rewards estimate; E_μ[A] = 0). Every sequence is enumerated
 (``env.support``), f(y) formed with ``env.accumulate``, and the coefficient min(W, C) comes from
 the registered ``tis_seq`` mapping, so bias, variance and MSE of the one-sample estimator are
 exact:
@@ -111,7 +112,7 @@ def compute(cfg: Config) -> pd.DataFrame:
     for target in cfg.chi2_seqs:
         mu = behaviour(env, target, "chi2", level="sequence", family=cfg.shift_family)
         chi2_seq = float(env.chi2_seq(mu))
-        sup = env.support(mu, baseline=env.J())
+        sup = env.support(mu, baseline=env.J(mu))
         f = per_sequence_gradients(env, sup)
         f_sq = np.einsum("md,md->m", f, f)
         K = float(np.sqrt(f_sq.max()))

@@ -17,7 +17,7 @@ Two token MDPs (V = 2), every state's next-token distribution at χ²(π‖μ) =
   half the tokens are hits): the reward depends on the whole sequence and the count state never
   mixes, so μ's drift of the count keeps feeding token IS's bias.
 
-Computation, exact at every T: the bias ‖E ĝ − ∇J‖ (oracle advantage A = R − J,
+Computation, exact at every T: the bias ‖E ĝ − ∇J‖ (oracle advantage A = R − J(μ),
 ``seq-mean-token-sum``) of the token-level mappings (naive, token IS, PPO clip) by the dynamic
 programme :func:`simkit.envs.exact_token_level_mean` (any T), and ∇J by
 :meth:`TokenMDP.grad_J`. Where V^T ≤ 2^``enum_max_log2`` the same biases are also computed by
@@ -157,7 +157,7 @@ def compute(cfg: Config) -> pd.DataFrame:
             )
             for name in MAPPINGS:
                 if name in TOKEN_MAPPINGS:
-                    mean = exact_token_level_mean(env, mu, mappings.get(name), J)
+                    mean = exact_token_level_mean(env, mu, mappings.get(name), env.J(mu))
                     bias, method = float(np.linalg.norm(mean - grad)), "dp"
                 elif enum:
                     bias, method = enum[name], "enumeration"

@@ -497,7 +497,7 @@ def tokenizer_from_gguf(meta: dict[str, Any]):
     ``tokenizer.ggml.merges`` (in priority order, "left right"), control tokens
     (``token_type == 3``) become special added tokens and user-defined ones (4) plain added
     tokens. Pre-tokenisation follows llama.cpp's ``tokenizer.ggml.pre``: ``"smollm"`` (also
-    StarCoder's) first isolates every digit (``\\p{N}``), then applies the GPT-2 regex;
+    StarCoder's) first splits off every digit (``\\p{N}``), then applies the GPT-2 regex;
     ``"gpt2"`` / ``"default"`` the GPT-2 regex only. No prefix space, no BOS added
     (``tokenizer.ggml.add_bos_token``). BOS/EOS/UNK/PAD come from the ``*_token_id`` keys, the
     chat template from ``tokenizer.chat_template``. ``padding_side = "left"`` (prompts are

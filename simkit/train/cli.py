@@ -159,7 +159,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     g.add_argument(
         "--advantage",
         default=RUN_DEFAULTS["advantage"],
-        help="with --mapping: oracle, grpo, dr_grpo, rloo, raw (default %(default)s)",
+        help="with --mapping: oracle (R - J(mu)), oracle_pi (R - J(pi)), grpo, dr_grpo, rloo, "
+        "raw (default %(default)s)",
     )
     g.add_argument(
         "--group-size",

@@ -10,7 +10,8 @@ The policy is tabular: θ = logits of shape (T, P, V) of a :class:`~simkit.envs.
    ``mismatch``): μ = π_b without mismatch, else noisy / rounded / spiked;
 3. ``batch`` sequences y ~ μ are drawn (:func:`simkit.envs.sample_tokens`, vectorised), their
    rewards and advantages computed once for the whole batch (as verl/TRL do; the ``oracle``
-   baseline is J of the trainer's θ at that moment, exact);
+   baseline is the exact J(μ) of the behaviour that produced the batch — what a group or batch
+   mean estimates —, ``oracle_pi`` the exact J of the trainer's θ at that moment);
 4. the batch is split into ``minibatches`` = N consecutive mini-batches of B/N sequences and
    the trainer takes one optimizer step on each, in order: mini-batch j is scored with π_j =
    softmax(θ after j updates of this rollout) against the μ that generated it — the staleness
@@ -351,8 +352,13 @@ def _new_rollout(env: TokenMDP, config: TrainConfig, state: _State, index: int) 
     flat_index += np.arange(T, dtype=np.intp) * (P * V)
     log_mu_tok = np.where(batch.mask, log_mu.ravel().take(flat_index), 0.0)
     est = config.estimator
-    J_now = env.with_logits(state.theta).J() if est.advantage == "oracle" else None
-    advantages = est.advantages(batch.rewards, J=J_now)
+    if est.advantage == "oracle":  # J(μ) of the served behaviour that drew this batch
+        J_base = env.J(mu)
+    elif est.advantage == "oracle_pi":
+        J_base = env.with_logits(state.theta).J()
+    else:
+        J_base = None
+    advantages = est.advantages(batch.rewards, J=J_base)
     return _Rollout(
         index=index,
         actions=batch.actions,
