@@ -153,13 +153,19 @@ def test_monte_carlo_study_agrees_with_the_exact_tree():
     k, T = 3, 4
     target = second_token(model, tasks.get_task("token", n_prompts=2).prompt_ids()[0], k)
     task = tasks.get_task("token", vocab_size=64, target=target, n_prompts=2)
+    from simkit.estimators import Estimator
+
+    # the LM study's baseline is its pilot estimate of J(π): advantage oracle_pi on both sides
     names = ["naive", "is_seq", "is_token", "ppo_clip", "tis_token"]
-    ex = exact.exact_study(model, task, "temperature:1.5", names, k=k, T=T, n=8, reps=50)
+    ests = [
+        Estimator(m, aggregation="seq-mean-token-sum", advantage="oracle_pi", name=m) for m in names
+    ]
+    ex = exact.exact_study(model, task, "temperature:1.5", ests, k=k, T=T, n=8, reps=50)
     assert ex.table.exact.all() and 0.05 < ex.J < 0.95
     res = X.gradient_study(
         exact.TopK(model, k),
         task,
-        X.default_estimators(names),
+        ests,
         behaviour="temperature:1.5",
         params="norm",
         grad_method="vmap",

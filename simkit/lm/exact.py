@@ -44,6 +44,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from simkit.estimators import GROUP_ADVANTAGES
 from simkit.lm import experiment as _x
 from simkit.lm.leaves import LeafEnv
 
@@ -723,7 +724,7 @@ def exact_study(
     if not idx or any(not 0 <= i < len(all_prompts) for i in idx):
         raise ValueError(f"prompts must be indices in [0, {len(all_prompts)}), got {prompts!r}")
     if len(idx) > 1:
-        grouped = [e.name for e in ests if e.advantage not in ("oracle", "raw")]
+        grouped = [e.name for e in ests if e.advantage in GROUP_ADVANTAGES]
         if grouped:
             raise ValueError(
                 f"estimators {grouped} use group advantages, which need the responses of a "

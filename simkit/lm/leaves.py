@@ -50,7 +50,8 @@ class LeafBatch:
     """Leaves drawn from a policy (shapes (reps, n, T) or (n, T)); the fields
     :func:`simkit.experiment.run` reads: ``actions`` = edge ids (padding: the zero row),
     ``mask``, ``log_ratio`` = log π_k − log μ_k per token, ``rewards``, ``lengths``,
-    ``leaves`` (the drawn leaf indices), ``J`` the exact J(π_k); ``states`` is None."""
+    ``leaves`` (the drawn leaf indices), ``J`` the exact J(π_k), ``J_mu`` the exact J(μ_k) (the
+    ``oracle`` advantage's baseline); ``states`` is None."""
 
     actions: np.ndarray
     mask: np.ndarray
@@ -59,6 +60,7 @@ class LeafBatch:
     lengths: np.ndarray
     leaves: np.ndarray
     J: float
+    J_mu: float
     states: None = None
 
 
@@ -193,6 +195,7 @@ class LeafEnv:
             lengths=mask.sum(axis=-1),
             leaves=leaves,
             J=self.J(),
+            J_mu=self.J(mu),
         )
 
     def accumulate(self, actions, token_weights, states=None) -> np.ndarray:
