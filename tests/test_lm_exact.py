@@ -221,3 +221,26 @@ def test_group_advantages_need_one_prompt():
     est = Estimator("naive", advantage="grpo", group_size=4, aggregation="seq-mean-token-sum")
     with pytest.raises(ValueError, match="group advantages"):
         exact.exact_study(model, task, None, [est], k=2, T=2, n=8)
+
+
+def test_patched_closed_form_mc_study_equals_torch_func_study():
+    """mc_study's closed-form top-k scores = the torch.func scores of TopK on the same draws."""
+    model = tiny()
+    target = second_token(model, tasks.get_task("token", n_prompts=2).prompt_ids()[0], 3)
+    task = tasks.get_task("token", vocab_size=64, target=target, n_prompts=2)
+    ests = X.default_estimators(["naive", "is_seq", "ppo_clip"])
+    kw = dict(
+        behaviour="temperature:1.5",
+        params="norm",
+        n=8,
+        reps=4,
+        n_ref=16,
+        n_pilot=8,
+        max_new_tokens=4,
+    )
+    a = X.gradient_study(exact.TopK(model, 3), task, ests, grad_method="vmap", **kw)
+    b = exact.mc_study(model, task, ests, 3, grad_method="head", **kw)
+    np.testing.assert_allclose(b.gradients, a.gradients, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(b.reference_samples, a.reference_samples, rtol=1e-5, atol=1e-6)
+    # outside the block the study's scorer is the original again
+    assert X.head_scores.__module__ == "simkit.lm.experiment"

@@ -513,3 +513,6 @@ def register(subparsers) -> None:
     _add_mismatch(sub)
     _add_study(sub)
     _add_compare(sub)
+    from simkit.lm import exact_cli
+
+    exact_cli.add_exact(sub)

@@ -38,6 +38,7 @@ import math
 import os
 import warnings
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -835,6 +836,65 @@ class TopK(torch.nn.Module):
             return CausalLMOutputWithPast(logits=logits, cache=past)
         except TypeError:  # older transformers
             return CausalLMOutputWithPast(logits=logits, past_key_values=past)
+
+    def head_scores(self, param_names, hidden, input_ids, prompt_length) -> torch.Tensor:
+        """Closed-form per-token scores ∇θ log π_k(y_t | h_t) (N, T, D) float64 of full rows,
+        θ ⊆ {final norm weight, untied lm_head}: :func:`simkit.lm.experiment.head_scores` with
+        the softmax restricted to each position's top-k support (module docstring)."""
+        p = int(prompt_length)
+        norm, head = self.model.norm, self.lm_head
+        x = hidden[:, p - 1 : -1].double()
+        n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + float(norm.variance_epsilon))
+        gamma = norm.weight.detach().double()
+        W = head.weight.detach().double()
+        z = (n * gamma) @ W.T
+        N, T, V = z.shape
+        support = torch.topk(z.float(), self.k, dim=-1).indices
+        lp = _support_log_probs(z.reshape(-1, V), support.reshape(-1, self.k))
+        sc = _head_edge_scores(
+            self, tuple(param_names), x.reshape(N * T, -1), support.reshape(-1, self.k), lp
+        )  # (N·T, k, D): the score of each support token; pick the sampled one
+        hit = support.reshape(-1, self.k) == input_ids[:, p:].reshape(-1, 1)
+        out = (sc * hit[..., None].to(sc.dtype)).sum(1)
+        return out.reshape(N, T, -1)
+
+
+@contextmanager
+def topk_head_scores():
+    """Within the block, :func:`simkit.lm.experiment.gradient_study` computes the closed-form
+    scores of a :class:`TopK` model with :meth:`TopK.head_scores` (π_k's softmax over the
+    support) instead of the full-vocabulary closed form; other models are unchanged.
+
+    Swaps the ``head_scores`` name in the namespace of the study's draw function for the
+    duration of the block (the study has no scorer hook). Guarded by a test that compares the
+    patched ``"head"`` study with the ``"vmap"`` study on the same draws."""
+    study = _x.gradient_study.__globals__
+    draw = study.get("_draw")
+    namespace = draw.__globals__ if draw is not None else study
+    original = namespace.get("head_scores")
+    if original is None:
+        raise RuntimeError("simkit.lm.experiment has no head_scores to extend for TopK models")
+
+    def scores(model, param_names, hidden, input_ids, prompt_length):
+        if isinstance(model, TopK):
+            return model.head_scores(param_names, hidden, input_ids, prompt_length)
+        return original(model, param_names, hidden, input_ids, prompt_length)
+
+    namespace["head_scores"] = scores
+    try:
+        yield
+    finally:
+        namespace["head_scores"] = original
+
+
+def mc_study(model, task, estimators, k: int, *, behaviour=None, **kwargs):
+    """The Monte Carlo :func:`simkit.lm.experiment.gradient_study` on the truncated LM π_k
+    (:class:`TopK`), μ restricted to the same support (a logit-transform behaviour: the
+    transform sees π_k's −inf outside the top k), closed-form scores for norm / lm_head
+    (:func:`topk_head_scores`). ``kwargs`` go to the study (n, reps, n_ref, …)."""
+    wrapped = TopK(model, k)
+    with topk_head_scores():
+        return _x.gradient_study(wrapped, task, estimators, behaviour=behaviour, **kwargs)
 
 
 @dataclass(frozen=True, eq=False)
