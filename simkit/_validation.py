@@ -2,9 +2,107 @@
 
 from __future__ import annotations
 
+import numbers
+import os
+import tempfile
+from pathlib import Path
+
 import numpy as np
 
 PROB_ATOL = 1e-9
+
+
+def as_real(x, name: str) -> np.ndarray:
+    """``x`` as a float64 array; ``TypeError`` naming ``name`` unless it holds real numbers.
+
+    Strings, bytes, complex numbers (whose imaginary part numpy would drop with a warning) and
+    objects that are not numbers are refused before any conversion, with the dtype found.
+    """
+    arr = x if isinstance(x, np.ndarray) else np.asarray(x)
+    kind = arr.dtype.kind
+    if kind in "biuf":
+        return arr.astype(np.float64, copy=False)
+    if kind == "c":
+        raise TypeError(
+            f"{name} must hold real numbers, got a complex array (dtype {arr.dtype}); pass the "
+            "real part explicitly if that is what you mean"
+        )
+    if kind in "USa":
+        raise TypeError(f"{name} must hold real numbers, got strings (dtype {arr.dtype})")
+    try:
+        return np.asarray(arr, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"{name} must hold real numbers, got an array of {arr.dtype} that is not numeric"
+        ) from None
+
+
+def check_seed(seed, name: str = "seed"):
+    """``seed`` checked before numpy sees it: a non-negative int (returned as a Python int);
+    None, a ``SeedSequence`` or a ``Generator`` pass through unchanged. ``ValueError`` naming
+    ``name`` otherwise (numpy's own message, "expected non-negative integer", names nothing)."""
+    if seed is None or isinstance(seed, np.random.SeedSequence | np.random.Generator):
+        return seed
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {seed!r}")
+    return int(seed)
+
+
+def _first_bad(bad: np.ndarray) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.argwhere(bad)[0])
+
+
+def check_output_dir(path, name: str = "--out") -> Path:
+    """Check, before any work, that ``path`` is (or can be created as) a writable directory.
+
+    Nothing is created: the nearest existing ancestor must be a directory in which a
+    temporary file can really be created (so a read-only mount or a directory without write
+    permission is detected even for root, for whom ``os.access`` says yes). ``ValueError``
+    naming ``name`` and the path otherwise: an existing file, a path under a file, an
+    unwritable directory.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{name} {path} is an existing file, not a directory")
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise ValueError(f"{name} {path}: {probe} is a file, so the directory cannot be created")
+    _try_write(probe, path, name)
+    return path
+
+
+def check_output_file(path, name: str = "--out") -> Path:
+    """Check, before any work, that the file ``path`` can be written (its directory exists and
+    is writable, ``path`` is not a directory); ``ValueError`` naming ``name`` otherwise."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{name} {path} is a directory, expected a file name")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.exists():
+        above = parent
+        while not above.exists() and above.parent != above:
+            above = above.parent
+        if above.exists() and not above.is_dir():
+            raise ValueError(f"{name} {path}: {above} is a file, not a directory")
+        raise ValueError(f"{name} {path}: directory {parent} does not exist")
+    if not parent.is_dir():
+        raise ValueError(f"{name} {path}: {parent} is not a directory")
+    _try_write(parent, path, name)
+    return path
+
+
+def _try_write(directory: Path, path: Path, name: str) -> None:
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".simkit-write-test-", dir=directory)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ValueError(f"{name} {path}: cannot write in {directory} ({reason})") from None
+    os.close(fd)
+    os.unlink(tmp)
 
 
 def as_prob(p, name: str) -> np.ndarray:
@@ -13,7 +111,7 @@ def as_prob(p, name: str) -> np.ndarray:
     Raises ``ValueError`` if it has no last axis, contains negative / non-finite entries, or
     does not sum to one (within ``PROB_ATOL``) along the last axis.
     """
-    arr = np.asarray(p, dtype=np.float64)
+    arr = as_real(p, name)
     if arr.ndim == 0:
         raise ValueError(
             f"{name} must have a last axis of categories (shape (..., V)), got a scalar"
@@ -43,17 +141,40 @@ def check_batch(log_ratio, mask, advantages):
     """Validate the (N, T) / (N, T) / (N,) triple that every mapping receives.
 
     Returns ``(log_ratio float64 (N,T), mask bool (N,T), advantages float64 (N,))``.
+    ``log_ratio`` must be finite on valid tokens and ``advantages`` finite on rows with a
+    valid token (``ValueError`` naming the argument and the first bad position); padded
+    positions may hold anything (±inf, NaN) and are replaced by 0 in the returned array.
     """
-    lr = np.asarray(log_ratio, dtype=np.float64)
+    lr = as_real(log_ratio, "log_ratio")
     if lr.ndim != 2:
         raise ValueError(f"log_ratio must have shape (N, T), got shape {lr.shape}")
     m = np.asarray(mask)
     if m.shape != lr.shape:
         raise ValueError(f"shape mismatch: log_ratio has shape {lr.shape}, mask has {m.shape}")
     m = m.astype(bool, copy=False)
-    adv = np.asarray(advantages, dtype=np.float64)
+    adv = as_real(advantages, "advantages")
     if adv.shape != (lr.shape[0],):
         raise ValueError(
             f"advantages must have shape (N,) = ({lr.shape[0]},), got shape {adv.shape}"
         )
+    # fast path: a finite sum means every entry is finite (NaN and ±inf propagate)
+    with np.errstate(invalid="ignore", over="ignore"):
+        lr_sum, adv_sum = np.sum(lr), np.sum(adv)
+    if not np.isfinite(lr_sum):
+        bad = m & ~np.isfinite(lr)
+        if bad.any():
+            i, t = _first_bad(bad)
+            raise ValueError(
+                f"log_ratio is {lr[i, t]} at valid position [{i}, {t}] (mask is True there); "
+                "log-ratios of valid tokens must be finite (padding may hold anything)"
+            )
+        lr = np.where(m, lr, 0.0)
+    if not np.isfinite(adv_sum):
+        bad = ~np.isfinite(adv) & m.any(axis=1)
+        if bad.any():
+            (i,) = _first_bad(bad)
+            raise ValueError(
+                f"advantages is {adv[i]} at row {i}, which has valid tokens; advantages must "
+                "be finite (a NaN would silently count as negative)"
+            )
     return lr, m, adv

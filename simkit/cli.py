@@ -26,6 +26,8 @@ import textwrap
 import time
 from collections.abc import Callable
 
+from simkit.cli_errors import CLIError
+
 PROG = "simkit"
 
 #: core dependencies reported by ``simkit info`` (distribution names)
@@ -45,10 +47,6 @@ OPTIONAL_PACKAGES = {
     ),
     "dev": ("pytest", "pytest-xdist", "hypothesis", "ruff"),
 }
-
-
-class CLIError(Exception):
-    """A usage error reported as ``simkit: error: …`` with exit status 2."""
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
@@ -267,6 +265,13 @@ def _run_run(args) -> int:
     out = args.out
     if out is not None and not out.endswith((".csv", ".parquet")):
         raise CLIError(f"--out must end with .csv or .parquet, got {out!r}")
+    if out is not None:  # before any work: a cell's results are not lost to a bad path
+        from simkit._validation import check_output_file
+
+        try:
+            check_output_file(out, "--out")
+        except ValueError as err:
+            raise CLIError(str(err)) from None
     try:
         table = sweep.run_config(args.config, progress=not args.no_progress)
     except _config_errors() as err:
@@ -398,8 +403,8 @@ def _run_report(args) -> int:
 
 # --- parser ------------------------------------------------------------------------------------
 
+
 def _add_train(subparsers) -> None:
-    # imported here: simkit.train.cli imports CLIError from this module
     from simkit.train.cli import register
 
     register(subparsers)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import kl_div, logsumexp
 
-from simkit._validation import as_prob
+from simkit._validation import as_prob, as_real
 
 __all__ = [
     "MCEstimate",
@@ -78,7 +78,7 @@ def _prob_pair(pi, mu) -> tuple[np.ndarray, np.ndarray]:
 
 def _as_per_position(values, name: str, upper: float = np.inf) -> np.ndarray:
     """Per-position divergences: a float array with entries in [0, upper] (inf allowed)."""
-    arr = np.asarray(values, dtype=np.float64)
+    arr = as_real(values, name)
     if arr.ndim == 0:
         raise ValueError(f"{name} must have an axis of positions (shape (..., T)), got a scalar")
     if np.any(np.isnan(arr)):
@@ -92,7 +92,7 @@ def _as_per_position(values, name: str, upper: float = np.inf) -> np.ndarray:
 
 def _as_log_ratio(log_ratio, name: str = "log_ratio") -> np.ndarray:
     """Sample log-ratios (…, n), n ≥ 2; NaN and +inf rejected, −inf (ratio 0) allowed."""
-    lr = np.asarray(log_ratio, dtype=np.float64)
+    lr = as_real(log_ratio, name)
     if lr.ndim == 0:
         raise ValueError(f"{name} must have a last axis of samples (shape (..., n)), got a scalar")
     if lr.shape[-1] < 2:

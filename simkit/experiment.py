@@ -69,6 +69,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from simkit._memory import check_samples
+from simkit._validation import check_seed
 from simkit.estimators import ORACLE_ADVANTAGES, PER_SAMPLE_ADVANTAGES, Estimator, as_estimator
 from simkit.mappings.psis import psis_khat
 
@@ -609,7 +611,8 @@ def run(
             )
     use_exact = [exact is not False and not _why_not_exact(e, env) for e in ests]
 
-    draw_ss, boot_ss = np.random.SeedSequence(seed).spawn(2)
+    check_samples(reps, n, env.T)  # the batches are drawn at once: refuse what cannot fit
+    draw_ss, boot_ss = np.random.SeedSequence(check_seed(seed)).spawn(2)
     batch = env.sample(mu, n, np.random.default_rng(draw_ss), reps=reps)
     boot_weights = None
     if not all(use_exact):

@@ -19,9 +19,16 @@ Layout of a sweep directory ``out_dir``::
                          traceback, host, time (append-only log; a re-run retries the cells)
     .lock                held (``flock``) by the running sweep: two sweeps cannot share a dir
 
-Re-running a sweep skips the cells that have a shard and retries the others (failed or never
-run). Shards are written by the driver process (workers return tables), so a worker never
-touches the directory and a real cluster needs no shared filesystem.
+The lock is taken *before* ``config.toml`` is checked or written, so two sweeps started
+together on a new directory cannot both pass the check: the second one fails with "in use"
+(it does not wait), or, once the first is done, is checked against the config it wrote.
+
+Re-running a sweep skips the cells that have an intact shard and retries the others (failed or
+never run). Every shard it would skip is verified first (:func:`verify_shard`: parquet footer
+readable, its ``cell`` column equal to the key, at least one row); a damaged one (truncated,
+zeroed by a careless disk) is deleted and recomputed, and the summary names it. Shards are
+written by the driver process (workers return tables), so a worker never touches the directory
+and a real cluster needs no shared filesystem.
 
 :func:`run_sweep` runs a sweep, :func:`load_results` reads its table (sorted in expansion order,
 identical for every backend), :func:`load_failures` the cells whose last attempt failed and
@@ -36,6 +43,7 @@ import json
 import math
 import os
 import socket
+import sys
 import time
 import traceback as _traceback
 import uuid
@@ -46,6 +54,7 @@ from pathlib import Path
 import pandas as pd
 
 from simkit import config as _config
+from simkit._validation import check_output_dir
 
 BACKENDS = ("serial", "processes", "dask")
 CONFIG_FILE = "config.toml"
@@ -61,13 +70,18 @@ class SweepError(ValueError):
     """A sweep directory cannot be used as asked (different config, busy, not a sweep dir…)."""
 
 
+class DamagedShardError(SweepError):
+    """A shard of a sweep directory cannot be read (torn, truncated or not the cell's)."""
+
+
 @dataclass(frozen=True)
 class SweepSummary:
     """What :func:`run_sweep` did.
 
     ``total`` cells in the expansion, ``done_before`` already finished when it started, ``ran``
     finished by this run, ``failed`` failed in this run (listed in ``failed_keys``, details in
-    ``failures.jsonl``), ``seconds`` wall time of this run.
+    ``failures.jsonl``), ``seconds`` wall time of this run, ``damaged`` the shards found
+    damaged on resume (paths; deleted and recomputed by this run, counted in ``ran``).
     """
 
     out_dir: Path
@@ -77,6 +91,7 @@ class SweepSummary:
     failed: int
     failed_keys: tuple[str, ...] = ()
     seconds: float = 0.0
+    damaged: tuple[str, ...] = ()
 
     @property
     def done(self) -> int:
@@ -93,6 +108,10 @@ class SweepSummary:
             f"{self.total} cells: {self.done_before} done before, {self.ran} ran, "
             f"{self.failed} failed in {self.seconds:.1f} s -> {self.out_dir}"
         )
+        if self.damaged:
+            text += f"; {len(self.damaged)} damaged shard(s) found and recomputed: " + ", ".join(
+                self.damaged
+            )
         if self.failed:
             text += f" (tracebacks in {self.out_dir / FAILURES_FILE}; re-run to retry)"
         return text
@@ -186,6 +205,38 @@ def finished_keys(out_dir) -> set[str]:
     return {p.name[: -len(SHARD_SUFFIX)] for p in cells.glob(f"*{SHARD_SUFFIX}") if p.is_file()}
 
 
+def verify_shard(path, key: str) -> str | None:
+    """Why the shard ``path`` of cell ``key`` is damaged, or None if it is intact.
+
+    Reads the parquet footer and the ``cell`` column only (cheap): a truncated or zeroed file
+    has no footer ("magic bytes not found"), a shard whose rows are not all the cell's, or that
+    has no row, is not the cell's result.
+    """
+    import pyarrow.parquet as pq
+
+    try:
+        column = pq.read_table(path, columns=["cell"]).column("cell").to_pylist()
+    except Exception as exc:  # ArrowInvalid, OSError, KeyError (no 'cell' column)…
+        return f"{type(exc).__name__}: {exc}"
+    if not column:
+        return "it has no rows"
+    if any(v != key for v in column):
+        return f"its 'cell' column is not the key {key!r}"
+    return None
+
+
+def read_shard(path, key: str | None = None) -> pd.DataFrame:
+    """Read one shard; :class:`DamagedShardError` naming the file and what to do if it cannot."""
+    try:
+        return pd.read_parquet(path)
+    except Exception as exc:
+        raise DamagedShardError(
+            f"shard {path} is damaged and cannot be read ({type(exc).__name__}: {exc}); "
+            "re-run the same 'simkit sweep CONFIG --out DIR' (or 'simkit train CONFIG --out "
+            "DIR') command: it checks every shard and recomputes the damaged ones"
+        ) from None
+
+
 def write_shard(table: pd.DataFrame, out_dir, key: str) -> Path:
     """Write ``table`` as ``cells/<key>.parquet`` atomically; return the path.
 
@@ -228,7 +279,9 @@ def _remove_stale_temporaries(out_dir) -> int:
     """Delete temporary shards left by a killed run (only called while holding the lock)."""
     cells = Path(out_dir) / CELLS_DIR
     removed = 0
-    for p in cells.glob(f"*{SHARD_SUFFIX}{TMP_MARKER}*"):
+    stale = [*cells.glob(f"*{SHARD_SUFFIX}{TMP_MARKER}*")]
+    stale += Path(out_dir).glob(f"{CONFIG_FILE}{TMP_MARKER}*")
+    for p in stale:
         with contextlib.suppress(OSError):
             p.unlink()
             removed += 1
@@ -283,6 +336,29 @@ def _as_config(config_or_path):
     return config_or_path, None
 
 
+def _check_memory(cells, config_or_path) -> None:
+    """Refuse, before any cell runs, Monte Carlo batches that cannot fit (:mod:`simkit._memory`).
+
+    Each experiment cell draws its reps × n × T batch at once; a training cell's batches are
+    small (one rollout) and are not checked here.
+    """
+    from simkit._memory import MemoryLimitError, check_samples
+
+    where = f"{config_or_path}: " if isinstance(config_or_path, str | os.PathLike) else ""
+    sizes = {}
+    for cell in cells:
+        p = cell.params
+        if "reps" in p and "n" in p:
+            T = int(p.get("environment", {}).get("T", 1))
+            sizes.setdefault(int(p["reps"]) * int(p["n"]) * T, (int(p["reps"]), int(p["n"]), T))
+    if sizes:
+        reps, n, T = sizes[max(sizes)]
+        try:
+            check_samples(reps, n, T)
+        except MemoryLimitError as err:
+            raise SweepError(f"{where}{err} (in the config: reps, n or T)") from None
+
+
 def _canonical(config) -> str:
     return json.dumps(config.to_dict(), sort_keys=True, separators=(",", ":"))
 
@@ -305,7 +381,7 @@ def _prepare_directory(out_dir: Path, config, source: bytes | None) -> None:
                 f"its own config ({stored}) or choose another --out directory"
             )
         return
-    if out_dir.exists() and any(p.name != LOCK_FILE for p in out_dir.iterdir()):
+    if out_dir.exists() and _foreign_entries(out_dir):
         raise SweepError(
             f"{out_dir} is not empty and has no {CONFIG_FILE}: it is not a simkit sweep "
             "directory; choose a new or empty --out directory"
@@ -313,8 +389,53 @@ def _prepare_directory(out_dir: Path, config, source: bytes | None) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     data = source if source is not None else _config.to_toml(config).encode()
     tmp = stored.with_name(f"{CONFIG_FILE}{TMP_MARKER}{uuid.uuid4().hex[:12]}")
-    tmp.write_bytes(data)
-    os.replace(tmp, stored)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, stored)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    _fsync_dir(out_dir)
+
+
+def _foreign_entries(out_dir: Path) -> list[str]:
+    """Entries of ``out_dir`` other than the lock and a config.toml being written."""
+    tmp_config = f"{CONFIG_FILE}{TMP_MARKER}"
+    return [
+        p.name
+        for p in out_dir.iterdir()
+        if p.name != LOCK_FILE and not p.name.startswith(tmp_config)
+    ]
+
+
+def _check_not_foreign(out_dir: Path) -> None:
+    """Refuse, before creating anything, a non-empty directory that is not a sweep's."""
+    if out_dir.is_dir() and not (out_dir / CONFIG_FILE).exists() and _foreign_entries(out_dir):
+        raise SweepError(
+            f"{out_dir} is not empty and has no {CONFIG_FILE}: it is not a simkit sweep "
+            "directory; choose a new or empty --out directory"
+        )
+
+
+def _check_shards(out_dir: Path, keys) -> tuple[set[str], list[str]]:
+    """(keys with an intact shard, paths of the damaged shards, which are deleted)."""
+    done, damaged = set(), []
+    present = finished_keys(out_dir)
+    for key in keys:
+        if key not in present:
+            continue
+        path = shard_path(out_dir, key)
+        if verify_shard(path, key) is None:
+            done.add(key)
+        else:
+            damaged.append(str(path))
+            with contextlib.suppress(OSError):
+                path.unlink()
+    return done, damaged
 
 
 def _first_difference(old, new, path: str = "") -> str:
@@ -445,17 +566,28 @@ def run_sweep(
     """
     check_backend(backend, workers, scheduler)
     start = time.perf_counter()
+    _check_out_dir(out_dir)
     config, source = _as_config(config_or_path)
     cells = _config.expand(config)
+    _check_memory(cells, config_or_path)
     keys = [c.key for c in cells]
     if len(set(keys)) != len(keys):  # pragma: no cover - expand() guarantees distinct keys
         raise SweepError("the expansion has repeated cell keys; the config repeats a setting")
     out_dir = Path(out_dir)
-    _prepare_directory(out_dir, config, source)
+    _check_not_foreign(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # the lock first, then the config: two sweeps started together on a new directory cannot
+    # both find no config.toml and write theirs (issue 13 §1)
     with _directory_lock(out_dir):
+        _prepare_directory(out_dir, config, source)
         _remove_stale_temporaries(out_dir)
         (out_dir / CELLS_DIR).mkdir(exist_ok=True)
-        done = finished_keys(out_dir)
+        done, damaged = _check_shards(out_dir, keys)
+        if damaged and progress:
+            print(
+                f"sweep: {len(damaged)} damaged shard(s) will be recomputed: " + ", ".join(damaged),
+                file=sys.stderr,
+            )
         todo = [c for c in cells if c.key not in done]
         done_before = len(cells) - len(todo)
         ran, failed = 0, []
@@ -491,7 +623,16 @@ def run_sweep(
         failed=len(failed),
         failed_keys=tuple(failed),
         seconds=time.perf_counter() - start,
+        damaged=tuple(damaged),
     )
+
+
+def _check_out_dir(out_dir) -> None:
+    """The sweep directory must be (or be creatable as) a writable directory: before any work."""
+    try:
+        check_output_dir(out_dir, "out_dir")
+    except ValueError as err:
+        raise SweepError(str(err).replace("out_dir ", "--out ", 1)) from None
 
 
 def _execute(cells, backend, workers, scheduler) -> Iterator[tuple[object, CellOutcome]]:
@@ -619,7 +760,7 @@ def load_results(out_dir, partial: bool = False) -> pd.DataFrame:
             f"({len(failures)} failed, see {FAILURES_FILE}); resume the sweep, or pass "
             "partial=True (simkit report --partial) for the finished cells"
         )
-    frames = [pd.read_parquet(shard_path(out_dir, c.key)) for c in cells if c.key in done]
+    frames = [read_shard(shard_path(out_dir, c.key)) for c in cells if c.key in done]
     return concat_tables(frames)
 
 
@@ -647,6 +788,7 @@ def run_config(
     check_backend(backend, workers)
     config, _ = _as_config(config_or_path)
     cells = _config.expand(config)
+    _check_memory(cells, config_or_path)
     from tqdm.auto import tqdm
 
     tables: dict[str, pd.DataFrame] = {}
@@ -686,6 +828,7 @@ def _parquet_roundtrip(table: pd.DataFrame) -> pd.DataFrame:
 __all__ = [
     "BACKENDS",
     "CellOutcome",
+    "DamagedShardError",
     "SweepError",
     "SweepSummary",
     "check_backend",
@@ -695,9 +838,11 @@ __all__ = [
     "load_failures",
     "load_results",
     "read_failures",
+    "read_shard",
     "run_config",
     "run_sweep",
     "shard_path",
     "single_threaded_blas",
+    "verify_shard",
     "write_shard",
 ]

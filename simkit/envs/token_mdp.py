@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from simkit import divergence
-from simkit._validation import as_prob
+from simkit._memory import check_token_mdp
+from simkit._validation import as_prob, check_seed
 
 #: default largest number of sequences :meth:`TokenMDP.support` enumerates
 SUPPORT_BUDGET = 2**20
@@ -758,10 +759,11 @@ class TokenMDP:
     ) -> TokenMDP:
         V = _positive_int(V, "V")
         T = _positive_int(T, "T")
+        check_token_mdp(T, P, V, S=len(transition))  # before any (T, P, V) array is allocated
         if logits is None:
             if not (isinstance(scale, int | float) and math.isfinite(scale) and scale >= 0):
                 raise ValueError(f"scale must be a finite number >= 0, got {scale!r}")
-            rng = np.random.default_rng(seed)
+            rng = np.random.default_rng(check_seed(seed))
             shape = (1, P, V) if stationary else (T, P, V)
             logits = scale * rng.standard_normal(shape)
         logits = np.asarray(logits, dtype=np.float64)

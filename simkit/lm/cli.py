@@ -19,6 +19,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from simkit.cli_errors import CLIError
+
 MODELS = ("tiny", "smollm2")
 TASKS = ("token", "keyword", "arithmetic")
 DEVICES = ("cpu", "cuda")
@@ -55,8 +57,6 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
 
 
 def _cli_error(message: str):
-    from simkit.cli import CLIError
-
     return CLIError(message)
 
 

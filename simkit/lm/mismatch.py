@@ -2,7 +2,7 @@
 
 In RL for LLMs the responses are sampled by a policy μ that is not the policy π being trained.
 Each generator below builds one mechanism of that mismatch from a causal LM and returns the
-pair (π, μ) that :func:`simkit.lm.experiment.gradient_study` runs on (``prepare``):
+pair (π, μ) that :func:`simkit.lm.study.gradient_study` runs on (``prepare``):
 
 ================ ===================================================================== =========
 generator        μ (and π)                                                             identity
@@ -30,7 +30,7 @@ command-line form ``name:value[,key=value...]``.
 :func:`measure` reports what a generator does: responses are sampled from μ, and at every
 visited state (prompt and response prefix) the divergences between π(·|h) and μ(·|h) are
 computed *exactly over the vocabulary* from the two logit vectors
-(:func:`simkit.lm.experiment.token_divergences`): χ²(π‖μ) = Σ π²/μ − 1, KL(π‖μ) = Σ π log(π/μ)
+(:func:`simkit.lm.sampling.token_divergences`): χ²(π‖μ) = Σ π²/μ − 1, KL(π‖μ) = Σ π log(π/μ)
 and TV = ½Σ|π − μ| (the conventions of :mod:`simkit.divergence`), then averaged over μ's
 visited tokens (the ``chi2_tok``/``kl_tok``/``tv_tok`` of DESIGN.md) and per position.
 A top-p μ gives zero probability to tokens π can emit, so χ² and KL are ``inf`` there — the
@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import copy
 import math
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 
@@ -49,15 +48,20 @@ import numpy as np
 import pandas as pd
 import torch
 
-from simkit.lm import experiment as _x
-from simkit.lm.experiment import Behaviour
+from simkit.lm._checks import finite as _finite
+from simkit.lm._checks import integer_at_least as _integer
+from simkit.lm.behaviour import Behaviour
+from simkit.lm.sampling import _draw, _seed_of
+from simkit.lm.scores import select_parameters
+from simkit.lm.staleness import OPTIMIZERS, stale_target
+from simkit.lm.staleness import RolloutBatch as RolloutBatch  # re-exported
+from simkit.lm.staleness import rollout_batch as rollout_batch  # re-exported
 
 #: generator name -> class (:func:`get`, :func:`parse`)
 GENERATORS: dict[str, type] = {}
 #: ``precision`` dtypes: name -> torch dtype
 PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 PRECISION_SCOPES = ("logits", "forward")
-OPTIMIZERS = ("adam", "sgd")
 
 
 # --- pure logit transforms -------------------------------------------------------------------
@@ -141,21 +145,6 @@ class MismatchPair:
 def _register(cls):
     GENERATORS[cls.name] = cls
     return cls
-
-
-def _finite(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float | np.floating | np.integer):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return value
-
-
-def _integer(value, name: str, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    return int(value)
 
 
 class _Generator:
@@ -324,7 +313,7 @@ class WeightNoise(_Generator):
     def prepare(self, model, **_) -> MismatchPair:
         if self.sigma == 0.0:
             return MismatchPair(model, Behaviour(name=self.name, strength=0.0), self)
-        names = _x.select_parameters(model, self.params)
+        names = select_parameters(model, self.params)
         net = perturbed_copy(model, self.sigma, names, self.seed, self.relative)
         return MismatchPair(model, Behaviour(model=net, name=self.name, strength=self.sigma), self)
 
@@ -464,148 +453,71 @@ class Combined:
         return MismatchPair(target, behaviour, self)
 
 
-# --- staleness training ----------------------------------------------------------------------
+# --- resolving a behaviour argument --------------------------------------------------------
 
 
-@dataclass(frozen=True, eq=False)
-class RolloutBatch:
-    """Responses sampled from a model for a task, laid out by prompt length.
-
-    ``prompt_index`` (N,); ``groups``: a list of (row indices (k,), input_ids (k, p + T),
-    response mask (k, T), p) — one per prompt length p (rows of a group share p, no padding);
-    ``response`` (N, T) and ``mask`` (N, T) in row order; ``rewards`` (N,) from the task;
-    ``old_log_prob`` (N, T) float64, log μ of the sampled tokens under the sampling model.
-    """
-
-    prompt_index: np.ndarray
-    groups: list
-    response: torch.Tensor
-    mask: torch.Tensor
-    rewards: np.ndarray
-    old_log_prob: torch.Tensor
+def temperature_behaviour(tau: float) -> Behaviour:
+    """μ = softmax(logits/τ) (sampling temperature τ > 0; τ = 1 is on-policy): the behaviour
+    of :class:`simkit.lm.mismatch.Temperature`."""
+    return Temperature(tau).prepare(None).behaviour
 
 
-def rollout_batch(
+def resolve_behaviour(
+    behaviour,
     model: torch.nn.Module,
-    task,
-    n: int,
-    max_new_tokens: int,
-    seed: int = 0,
-    tokenizer=None,
-    eos_token_id: int | None = None,
-) -> RolloutBatch:
-    """``n`` responses of ``max_new_tokens`` tokens sampled from ``model`` (μ) for prompts
-    drawn uniformly from ``task``; prompts and tokens from one ``SeedSequence(seed)``."""
-    n = _integer(n, "n", 1)
-    T = _integer(max_new_tokens, "max_new_tokens", 1)
-    device = next(model.parameters()).device
-    prompts = task.prompt_ids(tokenizer)
-    ss_prompt, ss_sample = np.random.SeedSequence(seed).spawn(2)
-    rng = np.random.default_rng(ss_prompt)
-    gen = torch.Generator(device=device)
-    gen.manual_seed(_x._seed_of(ss_sample))
-    prompt_index = rng.integers(0, len(prompts), size=n)
-    groups = _sample_rows(model, prompts, prompt_index, T, gen, eos_token_id)
-    response = torch.zeros((n, T), dtype=torch.long)
-    mask = torch.zeros((n, T), dtype=torch.bool)
-    old = torch.zeros((n, T), dtype=torch.float64)
-    with torch.no_grad():
-        for idx, ids, m, p in groups:
-            response[idx] = ids[:, p:].cpu()
-            mask[idx] = m.cpu()
-            old[idx] = _x.response_log_probs(model(ids).logits, ids, p).cpu()
-    rewards = np.asarray(task.rewards(prompt_index, response, mask, tokenizer), dtype=np.float64)
-    return RolloutBatch(prompt_index, groups, response, mask, rewards, old)
-
-
-def stale_target(
-    model: torch.nn.Module,
-    task,
     *,
-    steps: int,
-    lr: float,
-    optimizer: str = "adam",
-    batch_size: int = 8,
-    loss: str = "ppo_clip",
-    params: str | Sequence[str] = "all",
-    max_new_tokens: int = 8,
-    seed: int = 0,
+    task=None,
     tokenizer=None,
     eos_token_id: int | None = None,
-) -> torch.nn.Module:
-    """θ_k: a copy of ``model`` after ``steps`` policy-gradient steps (:class:`Staleness`).
+    max_new_tokens: int | None = None,
+) -> tuple[torch.nn.Module, Behaviour]:
+    """The pair (π's network, μ) a study runs on, from ``behaviour`` and the given ``model``.
 
-    The rollout batch (:func:`rollout_batch` of steps × batch_size responses, ``seed``) is
-    sampled once from ``model`` (μ = θ₀); mini-batch j is rows [j·B, (j+1)·B) and its loss is
-    ``policy_loss(loss, log π_θ, log μ, A, mask, agg="token-mean")`` with A = R − mean R over
-    the rollout batch. ``model`` is not modified; the copy is in eval mode with every
-    parameter's ``requires_grad`` restored to True.
+    Accepts None (on-policy: μ = π = ``model``), a :class:`Behaviour` or a number (a
+    temperature τ) — π is ``model`` —, a spec string of :func:`simkit.lm.mismatch.parse`
+    (``"temperature:1.3"``, ``"staleness:4"``), a generator of :mod:`simkit.lm.mismatch`
+    (anything with ``prepare(model, task=…, tokenizer=…, eos_token_id=…, max_new_tokens=…)``;
+    a staleness generator *trains* π away from ``model``, which stays the behaviour), or an
+    already prepared :class:`simkit.lm.mismatch.MismatchPair` (anything with ``target`` and
+    ``behaviour``).
     """
-    from simkit.lm import losses
-
-    steps = _integer(steps, "steps", 1)
-    B = _integer(batch_size, "batch_size", 1)
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
-    device = next(model.parameters()).device
-    batch = rollout_batch(
-        model, task, steps * B, max_new_tokens, seed, tokenizer=tokenizer, eos_token_id=eos_token_id
+    if isinstance(behaviour, str):
+        behaviour = parse(behaviour)
+    if behaviour is None or isinstance(behaviour, Behaviour):
+        return model, behaviour if behaviour is not None else Behaviour()
+    if isinstance(behaviour, int | float) and not isinstance(behaviour, bool):
+        return model, temperature_behaviour(float(behaviour))
+    if hasattr(behaviour, "prepare"):
+        behaviour = behaviour.prepare(
+            model,
+            task=task,
+            tokenizer=tokenizer,
+            eos_token_id=eos_token_id,
+            max_new_tokens=max_new_tokens,
+        )
+    prepared = getattr(behaviour, "behaviour", None)
+    if hasattr(behaviour, "target") and isinstance(prepared, Behaviour):
+        return behaviour.target, prepared
+    raise TypeError(
+        "behaviour must be None, a temperature (float), a simkit.lm.behaviour.Behaviour, a "
+        "simkit.lm.mismatch generator or MismatchPair; got "
+        f"{type(behaviour).__name__}"
     )
-    rewards = batch.rewards
-    if np.ptp(rewards) == 0:
-        warnings.warn(
-            f"staleness: every response of the rollout batch has reward {rewards[0]}; the "
-            "advantages are 0 and the steps leave π = μ (use a task with varied rewards)",
-            stacklevel=3,
+
+
+def as_behaviour(behaviour, pi_model: torch.nn.Module | None = None) -> Behaviour:
+    """μ alone, for behaviours that leave π = ``pi_model`` unchanged (:func:`resolve_behaviour`).
+
+    Raises ``ValueError`` for a generator that changes π (staleness): use
+    :func:`resolve_behaviour` and study the returned π.
+    """
+    target, mu = resolve_behaviour(behaviour, pi_model)
+    if target is not pi_model:
+        raise ValueError(
+            f"behaviour {mu.name!r} changes the target policy π (not only μ); use "
+            "resolve_behaviour(behaviour, model, task=...) and study the returned π"
         )
-    adv = torch.as_tensor(rewards - rewards.mean(), dtype=torch.float64)
-    T = batch.mask.shape[1]
-
-    target = copy.deepcopy(model).eval()
-    trainable = set(_x.select_parameters(target, params))
-    for name, prm in target.named_parameters():
-        prm.requires_grad_(name in trainable)
-    chosen = [prm for name, prm in target.named_parameters() if name in trainable]
-    opt = (torch.optim.Adam if optimizer == "adam" else torch.optim.SGD)(chosen, lr=float(lr))
-    for j in range(steps):
-        lo, hi = j * B, (j + 1) * B
-        log_prob = torch.zeros((B, T), dtype=torch.float64, device=device)
-        for idx, ids, _, p in batch.groups:
-            sel = (idx >= lo) & (idx < hi)
-            if sel.any():
-                sub = ids[torch.as_tensor(sel, device=ids.device)]
-                lp = _x.response_log_probs(target(sub).logits, sub, p)
-                where = torch.as_tensor(idx[sel] - lo, device=device)
-                log_prob = log_prob.index_put((where,), lp)
-        value, _ = losses.policy_loss(
-            loss,
-            log_prob,
-            batch.old_log_prob[lo:hi].to(device),
-            adv[lo:hi].to(device),
-            batch.mask[lo:hi].to(device),
-            agg="token-mean",
-            compute_metrics=False,
-        )
-        opt.zero_grad(set_to_none=True)
-        value.backward()
-        opt.step()
-    for prm in target.parameters():
-        prm.requires_grad_(True)
-    return target.eval()
-
-
-def _sample_rows(model, prompts, prompt_index, T, generator, eos_token_id):
-    """Responses from ``model`` to ``prompts[prompt_index]``, grouped by prompt length:
-    a list of (row indices (k,), input_ids (k, p + T), response mask (k, T), p)."""
-    device = next(model.parameters()).device
-    lengths = np.array([len(prompts[int(i)]) for i in prompt_index])
-    out = []
-    for p in np.unique(lengths):
-        idx = np.flatnonzero(lengths == p)
-        prompt_ids = torch.tensor([prompts[int(prompt_index[i])] for i in idx], device=device)
-        ids, m = _x.sample_group(model, Behaviour(), prompt_ids, T, generator, eos_token_id)
-        out.append((idx, ids, m, int(p)))
-    return out
+    return mu
 
 
 # --- registry and parsing --------------------------------------------------------------------
@@ -771,8 +683,8 @@ def measure(
     """Per-token χ², KL, TV between π and μ over μ's visited states (module docstring).
 
     ``behaviour``: a generator, a spec string (:func:`parse`), a :class:`MismatchPair`, a
-    :class:`~simkit.lm.experiment.Behaviour` or None (prepared by
-    :func:`simkit.lm.experiment.resolve_behaviour`). ``n`` responses of ``max_new_tokens``
+    :class:`~simkit.lm.behaviour.Behaviour` or None (prepared by
+    :func:`resolve_behaviour`). ``n`` responses of ``max_new_tokens``
     tokens to prompts drawn uniformly from ``task``, sampled from μ with a generator seeded
     from ``seed``; ``rows_per_call`` responses per model call.
     """
@@ -780,7 +692,7 @@ def measure(
     T = _integer(max_new_tokens, "max_new_tokens", 1)
     rows_per_call = _integer(rows_per_call, "rows_per_call", 1)
     behaviour = coerce(behaviour)
-    pi, mu = _x.resolve_behaviour(
+    pi, mu = resolve_behaviour(
         behaviour,
         model,
         task=task,
@@ -793,12 +705,12 @@ def measure(
     rng = np.random.default_rng(ss_prompt)
     device = next(pi.parameters()).device
     gen = torch.Generator(device=device)
-    gen.manual_seed(_x._seed_of(ss_sample))
+    gen.manual_seed(_seed_of(ss_sample))
     divs = {k: np.zeros((n, T)) for k in ("chi2", "kl", "tv")}
     mask = np.zeros((n, T), dtype=bool)
     for start in range(0, n, rows_per_call):
         k = min(rows_per_call, n - start)
-        d = _x._draw(
+        d = _draw(
             pi,
             mu,
             task=task,

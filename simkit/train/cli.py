@@ -19,6 +19,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from simkit.cli_errors import CLIError
+
 __all__ = ["register", "run"]
 
 #: options of the single-run form, with their defaults (a config file excludes them)
@@ -221,9 +223,74 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def _error(message: str):
-    from simkit.cli import CLIError
-
     raise CLIError(message)
+
+
+#: integer options of the single-run form and their smallest value (checked before any work,
+#: so that the message names the option typed, not an internal field; --V is checked, and
+#: named, by the environment's config)
+INT_OPTIONS = {
+    "T": 1,
+    "env_seed": 0,
+    "group_size": 1,
+    "N": 1,
+    "minibatch_size": 1,
+    "lag": 0,
+    "steps": 1,
+    "record_every": 1,
+    "spike_tokens": 1,
+    "seed": 0,
+    "chunk_steps": 1,
+    "stop_after": 1,
+}
+
+#: internal names in library messages -> the options a user typed (longest names first)
+OPTION_NAMES = {
+    "TrainConfig.batch": "--N x --minibatch-size",
+    "TrainConfig.minibatches": "--N",
+    "TrainConfig.steps": "--steps",
+    "TrainConfig.lag": "--lag",
+    "TrainConfig.lr": "--lr",
+    "TrainConfig.max_grad_norm": "--max-grad-norm",
+    "TrainConfig.record_every": "--record-every",
+    "TrainConfig.optimizer": "--optimizer",
+    "TrainConfig.gradient": "--gradient",
+    "train.chunk_steps": "--chunk-steps",
+    "train.stop_after": "--stop-after",
+    "Adam.lr": "--lr",
+    "SGD.lr": "--lr",
+    "Mismatch.logit_noise": "--logit-noise",
+    "Mismatch.spike_prob": "--spike-prob",
+    "Mismatch.spike_strength": "--spike-strength",
+    "Mismatch.spike_tokens": "--spike-tokens",
+    "Mismatch.precision": "--precision",
+    "mismatch.spike_tokens": "--spike-tokens",
+    "environment.constructor": "--env",
+    "environment.seed": "--env-seed",
+    "environment.scale": "--scale",
+    "environment.eos": "--eos",
+    "environment.V": "--V",
+    "environment.T[0]": "--T",
+    "environment.kwargs.": "--env-arg ",
+}
+
+
+def _as_typed(message: str) -> str:
+    """``message`` with internal field names replaced by the options of ``simkit train``."""
+    import re
+
+    for internal, option in sorted(OPTION_NAMES.items(), key=lambda kv: -len(kv[0])):
+        message = message.replace(internal, option)
+    # "environment (T = 16): …" is a constructor's own check (e.g. k of --env-arg)
+    return re.sub(r"\benvironment \(T = (\d+)\)", r"--env with --T \1", message)
+
+
+def _check_int_options(args) -> None:
+    for name, low in INT_OPTIONS.items():
+        value = getattr(args, name, None)
+        if value is not None and value < low:
+            option = "--" + name.replace("_", "-")
+            _error(f"{option} must be an integer >= {low}, got {value}")
 
 
 def _key_values(items, option: str) -> dict:
@@ -307,7 +374,7 @@ def _environment(args):
             kwargs=kwargs,
         )
     except ConfigError as err:
-        _error(str(err).replace("environment.", "--").replace("environment", "--env"))
+        _error(_as_typed(str(err)))
     return cfg.build(args.T)
 
 
@@ -336,7 +403,7 @@ def _train_config(args):
             record_every=args.record_every,
         )
     except (TypeError, ValueError) as err:
-        _error(str(err))
+        _error(_as_typed(str(err)))
 
 
 def _run_one(args) -> int:
@@ -347,10 +414,16 @@ def _run_one(args) -> int:
         _error(f"--table must end with .csv or .parquet, got {args.table!r}")
     if args.stop_after is not None and args.out is None:
         _error("--stop-after needs --out (the partial run is checkpointed there)")
+    _check_int_options(args)
+    _check_outputs(args.out, args.table)
     env = _environment(args)
     config = _train_config(args)
     if args.out is not None and Path(args.out).exists():
-        done = checkpoint_step(args.out) if (Path(args.out) / "run.json").exists() else 0
+        try:
+            done = checkpoint_step(args.out) if (Path(args.out) / "run.json").exists() else 0
+        except TrainError as err:  # train() recovers from an earlier checkpoint, or restarts
+            print(f"warning: {str(err).split('; re-run')[0]}", file=sys.stderr)
+            done = 0
         if done:
             print(f"resuming {args.out} from step {done}", file=sys.stderr)
     try:
@@ -364,7 +437,7 @@ def _run_one(args) -> int:
             progress=not args.no_progress,
         )
     except (TrainError, ValueError, FloatingPointError) as err:
-        _error(str(err))
+        _error(_as_typed(str(err)))
     if args.table is not None:
         if args.table.endswith(".csv"):
             table.to_csv(args.table, index=False)
@@ -373,6 +446,19 @@ def _run_one(args) -> int:
         print(f"table written to {args.table}", file=sys.stderr)
     print(_run_report(table, config, env.J(), optimal_J(env)))
     return 0
+
+
+def _check_outputs(out, table) -> None:
+    """--out (a directory) and --table (a file) must be writable: checked before any work."""
+    from simkit._validation import check_output_dir, check_output_file
+
+    try:
+        if out is not None:
+            check_output_dir(out, "--out")
+        if table is not None:
+            check_output_file(table, "--table")
+    except ValueError as err:
+        _error(str(err))
 
 
 def _run_report(table, config, J_start: float, J_star: float) -> str:
@@ -437,6 +523,7 @@ def _run_config(args) -> int:
     except (TypeError, ValueError) as err:
         _error(str(err))
     out = Path(args.out) if args.out is not None else Path("runs") / cfg.name
+    _check_outputs(out, None)
     try:
         summary = sweep.run_sweep(
             cfg,

@@ -62,6 +62,7 @@ import pandas as pd
 
 from simkit.envs.token_mdp import TokenMDP
 from simkit.envs.token_sampling import accumulate_tokens, sample_tokens
+from simkit.estimator_specs import build_estimators, estimator_params
 from simkit.estimators import Estimator, as_estimator
 from simkit.train.mismatch import Mismatch, behaviour_log_probs, log_softmax
 from simkit.train.optim import OPTIMIZERS, clip_grad_norm, make_optimizer
@@ -69,6 +70,7 @@ from simkit.train.optim import OPTIMIZERS, clip_grad_norm, make_optimizer
 __all__ = [
     "COLUMNS",
     "GRADIENTS",
+    "DamagedCheckpointError",
     "TrainConfig",
     "TrainError",
     "checkpoint_step",
@@ -110,6 +112,8 @@ _EXACT_COLUMNS = ("J", "grad_J_norm", "cosine", "chi2_tok", "kl_tok", "chi2_seq"
 _FORMAT = 1  # checkpoint format version
 _RUN_FILE = "run.json"
 _CHECKPOINT_FILE = "checkpoint.npz"
+#: the checkpoint before the last one, kept so that a damaged checkpoint costs one chunk
+_PREVIOUS_CHECKPOINT_FILE = "checkpoint-previous.npz"
 _CHUNKS_DIR = "chunks"
 
 
@@ -227,8 +231,6 @@ class TrainConfig:
         """The config of a :func:`config_dict` (``TrainConfig.from_dict(config_dict(c)) ==
         c``): the estimator is rebuilt from its parameters (mapping, hyperparameters,
         aggregation, advantage, group size, name), the mismatch from its fields."""
-        from simkit.config import build_estimators
-
         if not isinstance(d, dict):
             raise TypeError(f"expected a dict, got {type(d).__name__}")
         unknown = sorted(set(d) - set(cls.__dataclass_fields__))
@@ -248,8 +250,6 @@ class TrainConfig:
 def config_dict(config: TrainConfig) -> dict:
     """A plain JSON-able dict describing ``config`` completely (estimator included); the
     inverse is :meth:`TrainConfig.from_dict`."""
-    from simkit.config import estimator_params
-
     out = {}
     for name in TrainConfig.__dataclass_fields__:
         value = getattr(config, name)
@@ -505,7 +505,10 @@ def _save_checkpoint(out_dir: Path, state: _State) -> None:
         np.savez(buffer, **arrays)
         fh.write(buffer.getvalue())
 
-    _atomic_write(out_dir / _CHECKPOINT_FILE, write)
+    current = out_dir / _CHECKPOINT_FILE
+    if current.exists():  # keep the previous one: a damaged checkpoint then costs one chunk
+        os.replace(current, out_dir / _PREVIOUS_CHECKPOINT_FILE)
+    _atomic_write(current, write)
 
 
 def _restore_generator(state: dict) -> np.random.Generator:
@@ -514,14 +517,26 @@ def _restore_generator(state: dict) -> np.random.Generator:
     return np.random.Generator(bit_generator)
 
 
-def _load_state(out_dir: Path) -> _State:
-    path = out_dir / _CHECKPOINT_FILE
+class DamagedCheckpointError(TrainError):
+    """A checkpoint or chunk of a training directory cannot be read (torn, truncated…)."""
+
+
+def _damaged(path: Path, exc: BaseException) -> DamagedCheckpointError:
+    return DamagedCheckpointError(
+        f"{path} is damaged and cannot be read ({type(exc).__name__}: {exc}); re-run the same "
+        "'simkit train … --out DIR' command (or train(…, out_dir=DIR)): it resumes from the "
+        "last intact checkpoint, or restarts the run if there is none"
+    )
+
+
+def _load_state(out_dir: Path, name: str = _CHECKPOINT_FILE) -> _State:
+    path = out_dir / name
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
-    except (OSError, ValueError) as exc:
-        raise TrainError(f"cannot read the checkpoint {path}: {exc}") from None
-    meta = json.loads(str(arrays.pop("meta")))
+        meta = json.loads(str(arrays.pop("meta")))
+    except Exception as exc:  # BadZipFile, EOFError, OSError, ValueError, KeyError, JSON…
+        raise _damaged(path, exc) from None
     if meta.get("format") != _FORMAT:
         raise TrainError(f"{path} has checkpoint format {meta.get('format')}, expected {_FORMAT}")
     opt_state = dict(meta["opt_scalars"])
@@ -541,6 +556,54 @@ def _load_state(out_dir: Path) -> _State:
         rng_sample=_restore_generator(meta["rng_sample"]),
         rng_mismatch=_restore_generator(meta["rng_mismatch"]),
     )
+
+
+def _chunk_damage(out_dir: Path, before: int) -> tuple[int, Path, str] | None:
+    """The first chunk starting before step ``before`` whose parquet footer cannot be read."""
+    import pyarrow.parquet as pq
+
+    for first, path in _chunk_files(out_dir):
+        if first >= before:
+            break
+        try:
+            pq.read_metadata(path)
+        except Exception as exc:
+            return first, path, f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _recover_state(out_dir: Path) -> _State | None:
+    """The state to resume from: the last checkpoint whose chunks are intact (None: restart).
+
+    A damaged checkpoint falls back to the previous one; a damaged chunk to a checkpoint
+    taken before it. Every fallback is reported with a ``RuntimeWarning`` naming the file.
+    """
+    import warnings
+
+    def warn(message: str) -> None:
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+    candidates: list[tuple[str, _State]] = []
+    for name in (_CHECKPOINT_FILE, _PREVIOUS_CHECKPOINT_FILE):
+        if (out_dir / name).exists():
+            try:
+                candidates.append((name, _load_state(out_dir, name)))
+            except DamagedCheckpointError as err:
+                warn(str(err).split("; re-run")[0] + "; it is not used")
+    for name, state in sorted(candidates, key=lambda c: -c[1].step):
+        damage = _chunk_damage(out_dir, state.step)
+        if damage is None:
+            if name != _CHECKPOINT_FILE:
+                warn(f"{out_dir}: resuming from the previous checkpoint (step {state.step})")
+            return state
+        warn(
+            f"chunk {damage[1]} is damaged ({damage[2]}): the checkpoint of step {state.step} "
+            "cannot be used"
+        )
+    names = (_CHECKPOINT_FILE, _PREVIOUS_CHECKPOINT_FILE)
+    if _chunk_files(out_dir) or any((out_dir / n).exists() for n in names):
+        warn(f"{out_dir}: no intact checkpoint, the run restarts from step 0")
+    return None
 
 
 def checkpoint_step(out_dir) -> int:
@@ -604,11 +667,18 @@ def load_run(out_dir) -> pd.DataFrame:
     if not (out_dir / _RUN_FILE).exists():
         raise TrainError(f"{out_dir} is not a simkit training directory (no {_RUN_FILE})")
     done = checkpoint_step(out_dir)
-    frames = [pd.read_parquet(p) for first, p in _chunk_files(out_dir) if first < done]
+    frames = [_read_chunk(p) for first, p in _chunk_files(out_dir) if first < done]
     if not frames:
         return _table([])
     table = pd.concat(frames, ignore_index=True)
     return table[table["step"] < done].reset_index(drop=True)
+
+
+def _read_chunk(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_parquet(path)
+    except Exception as exc:
+        raise _damaged(path, exc) from None
 
 
 def _prepare(out_dir: Path, description: dict) -> bool:
@@ -635,6 +705,15 @@ def _prepare(out_dir: Path, description: dict) -> bool:
     (out_dir / _CHUNKS_DIR).mkdir(parents=True, exist_ok=True)
     _atomic_write(stored, lambda fh: fh.write(text.encode("utf-8")))
     return False
+
+
+def _check_out_dir(out: Path) -> None:
+    from simkit._validation import check_output_dir
+
+    try:
+        check_output_dir(out, "out_dir")
+    except ValueError as err:
+        raise TrainError(str(err)) from None
 
 
 # --- the run ------------------------------------------------------------------------------------
@@ -684,6 +763,8 @@ def train(
         )
 
     out = None if out_dir is None else Path(out_dir)
+    if out is not None:
+        _check_out_dir(out)
     state = None
     if out is not None:
         description = {
@@ -692,11 +773,16 @@ def train(
             "env": _env_fingerprint(env),
             "shape": list(env.logits.shape),
         }
-        if _prepare(out, description) and (out / _CHECKPOINT_FILE).exists():
-            state = _load_state(out)
-            for first, path in _chunk_files(out):  # written after the last checkpoint
-                if first >= state.step:
+        if _prepare(out, description):
+            state = _recover_state(out)
+            resume_at = 0 if state is None else state.step
+            for first, path in _chunk_files(out):  # written after the checkpoint resumed
+                if first >= resume_at:
                     path.unlink()
+            if state is None:
+                for name in (_CHECKPOINT_FILE, _PREVIOUS_CHECKPOINT_FILE):
+                    with contextlib.suppress(FileNotFoundError):
+                        (out / name).unlink()
     if state is None:
         state = _initial_state(env, config, seed)
 

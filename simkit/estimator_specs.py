@@ -1,0 +1,64 @@
+"""Estimators as plain, JSON-able specs and back: the form in which sweeps and training runs
+record an estimator (a cell's parameters, a run's config).
+
+:func:`estimator_params` describes an :class:`~simkit.estimators.Estimator` completely (name,
+mapping, hyperparameters, aggregation, advantage, group size, ``adv_eps``, ``max_length``);
+:func:`build_estimators` rebuilds estimators from such specs (names as recorded). Both
+:mod:`simkit.config` and :mod:`simkit.train` use them, so neither imports the other for it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simkit import estimators as _estimators
+from simkit import mappings
+
+__all__ = ["build_estimators", "estimator_params", "plain"]
+
+
+def plain(value):
+    """A JSON/TOML-able version of a scalar or nested value (numpy scalars, tuples)."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    return value
+
+
+def estimator_params(est: _estimators.Estimator) -> dict:
+    """Plain dict describing an estimator completely (cell parameters)."""
+    return plain(
+        {
+            "name": est.name,
+            "mapping": est.mapping.name,
+            "hyperparameters": est.mapping.hyperparameters,
+            "aggregation": est.aggregation,
+            "advantage": est.advantage,
+            "group_size": est.group_size,
+            "adv_eps": est.adv_eps,
+            "max_length": est.max_length,
+        }
+    )
+
+
+def build_estimators(specs: list[dict]) -> list[_estimators.Estimator]:
+    """The estimators of a cell's ``params["estimators"]`` (names as recorded)."""
+    return [
+        _estimators.Estimator(
+            mappings.get(s["mapping"], **s["hyperparameters"]),
+            aggregation=s["aggregation"],
+            advantage=s["advantage"],
+            group_size=s["group_size"],
+            adv_eps=s["adv_eps"],
+            max_length=s["max_length"],
+            name=s["name"],
+        )
+        for s in specs
+    ]

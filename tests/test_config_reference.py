@@ -1,0 +1,45 @@
+"""The sweep tables of ``configs/quick.toml`` and ``configs/train_quick.toml`` are bit-identical
+to tables saved before the configuration code was refactored (issue 14).
+
+Provenance: ``tests/data/quick_reference.parquet`` and ``tests/data/train_quick_reference.parquet``
+were written by ``run_cell`` over ``expand(load_config(...))`` (serial, every cell in expansion
+order, the ``simkit_version`` column dropped) at commit db15e9a (branch ``arch``, before the
+config package). They include the ``cell`` column, so the cell keys (content hashes of every
+cell's parameters) are checked too.
+
+The default advantage of both configs is ``"oracle"`` as it was in main at that commit. When the
+meaning of an advantage, an estimator or an environment changes on purpose (for example issue
+12's ``oracle`` / ``oracle_pi`` split), these tables change with it: regenerate them with
+``python tests/test_config_reference.py`` on the new main and say so in the commit message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from simkit.config import expand, load_config, run_cell
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).resolve().parent / "data"
+NAMES = ("quick", "train_quick")
+
+
+def _table(name: str) -> pd.DataFrame:
+    cfg = load_config(ROOT / "configs" / f"{name}.toml")
+    table = pd.concat([run_cell(c) for c in expand(cfg)], ignore_index=True)
+    return table.drop(columns=["simkit_version"])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_sweep_table_is_bit_identical_to_the_saved_reference(name):
+    saved = pd.read_parquet(DATA / f"{name}_reference.parquet")
+    pd.testing.assert_frame_equal(_table(name), saved, check_exact=True)
+
+
+if __name__ == "__main__":  # regenerate the references (see the module docstring)
+    for name in NAMES:
+        _table(name).to_parquet(DATA / f"{name}_reference.parquet", index=False)
+        print("wrote", DATA / f"{name}_reference.parquet")
