@@ -46,7 +46,9 @@ import pandas as pd
 import torch
 
 from simkit.estimators import GROUP_ADVANTAGES
-from simkit.lm import experiment as _x
+from simkit.lm import scores as _scores
+from simkit.lm import study as _study
+from simkit.lm.behaviour import Behaviour
 from simkit.lm.leaves import LeafEnv
 
 GRAD_METHODS = ("auto", "head", "vmap")
@@ -364,8 +366,10 @@ def _head_edge_scores(model, names, hidden, support, lp) -> torch.Tensor:
 
 def _prepare(behaviour, model, task, tokenizer, eos_token_id, T):
     pair = behaviour
-    if not (hasattr(pair, "target") and isinstance(getattr(pair, "behaviour", None), _x.Behaviour)):
-        return _x.resolve_behaviour(
+    if not (hasattr(pair, "target") and isinstance(getattr(pair, "behaviour", None), Behaviour)):
+        from simkit.lm.mismatch import resolve_behaviour
+
+        return resolve_behaviour(
             behaviour,
             model,
             task=task,
@@ -441,9 +445,9 @@ def tree(
     method = "head"
     D = 0
     if params is not None:
-        names = _x.select_parameters(pi_net, params)
-        method = _x.resolve_grad_method(pi_net, names, grad_method)
-        D = _x.parameter_dim(pi_net, names)
+        names = _scores.select_parameters(pi_net, params)
+        method = _scores.resolve_grad_method(pi_net, names, grad_method)
+        D = _scores.parameter_dim(pi_net, names)
     nets = [pi_net] + ([mu.model] if mu.model is not None else [])
     est = memory_estimate(nets, k, T, D, prompt.numel(), batch_size, method)
     device = next(pi_net.parameters()).device
@@ -631,7 +635,7 @@ def _functional_scores(model, names, prompt, seqs, mask, edges, n_edges, k, batc
     from torch.func import functional_call, jacrev, vmap
 
     device = next(model.parameters()).device
-    params = _x._subset(model, names)
+    params = _scores._subset(model, names)
     p = prompt.numel()
     L = seqs.shape[0]
     rows = torch.cat([prompt[None].expand(L, -1), torch.as_tensor(seqs)], 1).to(device)
@@ -649,14 +653,14 @@ def _functional_scores(model, names, prompt, seqs, mask, edges, n_edges, k, batc
         return lpk.gather(-1, ps[:, None])[:, 0]
 
     jac = vmap(jacrev(row_lp), in_dims=(None, 0, 0, 0))
-    D = _x.parameter_dim(model, names)
+    D = _scores.parameter_dim(model, names)
     scores = np.zeros((n_edges + 1, D))
     for s in range(0, L, batch_size):
         sl = slice(s, s + batch_size)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*batching rule.*")
             g = jac(params, rows[sl], support[sl], pos[sl])
-        flat = _x._flatten(g, names, 2).detach().double().cpu().numpy()  # (m, T, D)
+        flat = _scores._flatten(g, names, 2).detach().double().cpu().numpy()  # (m, T, D)
         m = mask[sl]
         scores[edges[sl][m]] = flat[m]
     scores[-1] = 0.0
@@ -718,7 +722,7 @@ def exact_study(
     if isinstance(estimators, str):
         estimators = [estimators]
     ests = _experiment._coerce_estimators(
-        [_x.default_estimators([e])[0] if isinstance(e, str) else e for e in estimators]
+        [_study.default_estimators([e])[0] if isinstance(e, str) else e for e in estimators]
     )
     all_prompts = task.prompt_ids(tokenizer)
     idx = list(range(len(all_prompts))) if prompts is None else [int(i) for i in prompts]
@@ -868,7 +872,7 @@ def topk_head_scores():
     Swaps the ``head_scores`` name in the namespace of the study's draw function for the
     duration of the block (the study has no scorer hook). Guarded by a test that compares the
     patched ``"head"`` study with the ``"vmap"`` study on the same draws."""
-    study = _x.gradient_study.__globals__
+    study = _study.gradient_study.__globals__
     draw = study.get("_draw")
     namespace = draw.__globals__ if draw is not None else study
     original = namespace.get("head_scores")
@@ -894,10 +898,10 @@ def mc_study(model, task, estimators, k: int, *, behaviour=None, **kwargs):
     (:func:`topk_head_scores`). ``kwargs`` go to the study (n, reps, n_ref, …)."""
     wrapped = TopK(model, k)
     with topk_head_scores():
-        return _x.gradient_study(wrapped, task, estimators, behaviour=behaviour, **kwargs)
+        return _study.gradient_study(wrapped, task, estimators, behaviour=behaviour, **kwargs)
 
 
 @dataclass(frozen=True, eq=False)
 class _Pair:
     target: torch.nn.Module
-    behaviour: _x.Behaviour
+    behaviour: Behaviour

@@ -126,7 +126,7 @@ def run_exact(args) -> int:
     import pandas as pd
 
     from simkit.lm import exact
-    from simkit.lm import experiment as X
+    from simkit.lm import study as X
 
     tables = []
     for spec, gen in zip(specs, gens):
