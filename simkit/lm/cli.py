@@ -431,7 +431,7 @@ def _run_compare(args) -> int:
     task = args.task or ("token" if args.model == "tiny" else "keyword")
     if args.model == "tiny" and task != "token":
         raise _cli_error(f"task {task!r} needs a tokenizer: use --model smollm2, or --task token")
-    from simkit.figures import lm_vs_sim
+    from simkit.figures import _lm_vs_sim_mc as lm_vs_sim
 
     task_kwargs = (("n_prompts", args.prompts),)
     if task == "token":
