@@ -516,3 +516,4 @@ def register(subparsers) -> None:
     from simkit.lm import exact_cli
 
     exact_cli.add_exact(sub)
+    exact_cli.add_dump(sub)

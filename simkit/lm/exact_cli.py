@@ -167,3 +167,76 @@ def run_exact(args) -> int:
         tables.append(table)
     cli._write(pd.concat(tables, ignore_index=True), args.out)
     return 0
+
+
+def add_dump(sub) -> None:
+    cli = _cli()
+    p = sub.add_parser(
+        "dump",
+        help="write rollouts with known mismatch in verl / TRL / long format (for diagnose)",
+        formatter_class=cli._Formatter,
+        description=(
+            "Sample responses from mu, score them under pi and mu, and write the per-token\n"
+            "log-probs, mask and rewards as a trainer logs them (verl or TRL column names, or\n"
+            "a long per-token table), with <out>.meta.json holding the exact per-token chi2,\n"
+            "KL and TV (over the vocabulary) that simkit diagnose should recover.\n\n"
+            + cli._BEHAVIOUR_HELP
+        ),
+        epilog=(
+            "examples:\n"
+            "  simkit lm dump -b temperature:1.3 --out dump.parquet\n"
+            "  simkit lm dump --model smollm2 -b precision:bf16 -T 32 --format trl --out d.jsonl\n"
+            "  simkit diagnose dump.parquet\n"
+        ),
+    )
+    cli._add_model_args(p)
+    p.add_argument(
+        "--behaviour",
+        "-b",
+        default="temperature:1.3",
+        metavar="SPEC",
+        help="the behaviour mu (default: %(default)s)",
+    )
+    p.add_argument("--n", type=int, default=256, help="responses (256)")
+    p.add_argument(
+        "--format",
+        choices=("verl", "trl", "long"),
+        default="verl",
+        help="column names (default: %(default)s)",
+    )
+    p.add_argument("--out", required=True, metavar="FILE", help=".parquet or .jsonl")
+    p.set_defaults(func=run_dump)
+
+
+def run_dump(args) -> int:
+    from pathlib import Path
+
+    cli = _cli()
+    if Path(args.out).suffix not in (".parquet", ".jsonl", ".json"):
+        raise cli._cli_error(f"--out must end in .parquet or .jsonl, got {args.out!r}")
+    cli._positive(args.n, "--n")
+    gen = cli._parse_behaviour(args.behaviour)
+    model, tokenizer, task, eos = cli._load(args)
+    from simkit.lm import dump
+
+    try:
+        table, meta = dump.dump_table(
+            model,
+            task,
+            gen,
+            n=args.n,
+            T=args.max_new_tokens,
+            tokenizer=tokenizer,
+            eos_token_id=eos,
+            seed=args.seed,
+            fmt=args.format,
+        )
+    except ValueError as err:
+        raise cli._cli_error(str(err)) from None
+    path, side = dump.write(table, meta, args.out)
+    print(
+        f"wrote {path} ({len(table)} rows) and {side}: chi2_tok = {meta['chi2_tok']:.4g}, "
+        f"kl_tok = {meta['kl_tok']:.4g} (exact over the vocabulary)",
+        file=sys.stderr,
+    )
+    return 0

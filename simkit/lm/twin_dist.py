@@ -40,6 +40,7 @@ numpy only.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -212,8 +213,11 @@ def predict_with_intervals(
     segments: int = 8,
     prob_bins: int = 2,
 ) -> pd.DataFrame:
-    """:func:`predict` plus ``rel_<m>_lo``/``_hi``: percentile intervals at ``level`` over
-    ``n_boot`` bootstrap resamples of the logged sequences (the twin refitted on each)."""
+    """:func:`predict` plus ``rel_<m>_lo``/``_hi``: intervals at ``level`` from ``n_boot``
+    bootstrap resamples of the logged sequences (the twin refitted on each): the spread of the
+    refits around their median, [q_tail − q_50, q_{1−tail} − q_50], placed around the point
+    prediction (a resample repeats sequences, which shifts the refitted twin; the shift is not
+    carried into the interval). Lower bounds are clipped at 0."""
     kw = dict(reps=reps, seed=seed, bins=bins, segments=segments, prob_bins=prob_bins)
     point = predict(rollouts, estimators, n, **kw)
     rng = np.random.default_rng(seed)
@@ -228,6 +232,10 @@ def predict_with_intervals(
     tail = (1.0 - level) / 2.0
     for key in METRICS:
         arr = np.array(boots[key])
-        point[f"rel_{key}_lo"] = np.nanquantile(arr, tail, axis=0)
-        point[f"rel_{key}_hi"] = np.nanquantile(arr, 1.0 - tail, axis=0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns (0/0 bias)
+            lo, med, hi = np.nanquantile(arr, [tail, 0.5, 1.0 - tail], axis=0)
+        v = point[f"rel_{key}"].to_numpy()
+        point[f"rel_{key}_lo"] = np.maximum(v - (med - lo), 0.0)
+        point[f"rel_{key}_hi"] = v + (hi - med)
     return point
