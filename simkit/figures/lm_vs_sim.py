@@ -257,7 +257,7 @@ def _old_twin(cfg, ex, ests):
 def compute(cfg: Config) -> Data:
     from simkit.lm import exact, mismatch, twin, twin_dist
 
-    t_start = time.perf_counter()
+    t_start, cpu_start = time.perf_counter(), time.process_time()
     model, tokenizer, task, eos = load(cfg)
     ests = estimators(cfg)
     rows, agreements, coverage, exact_tables, mc_tables = [], [], [], [], []
@@ -417,7 +417,11 @@ def compute(cfg: Config) -> Data:
     meta["params"] = cfg.params
     meta["n_log"] = cfg.n_log
     meta["reps"] = cfg.reps
-    meta["seconds"] = {**timings, "total": time.perf_counter() - t_start}
+    meta["seconds"] = {
+        **timings,
+        "total": time.perf_counter() - t_start,
+        "cpu": time.process_time() - cpu_start,
+    }
     return Data(
         comparison=pd.concat(rows, ignore_index=True),
         agreement=pd.DataFrame(agreements),
@@ -550,7 +554,7 @@ def draw(data: Data):
         ax.set_title(
             f"{key}: twin ρ = "
             + ", ".join(f"{r:.2f}" for r in new)
-            + "; χ² twin "
+            + "\nχ²-profile twin ρ = "
             + ", ".join(f"{r:.2f}" for r in old),
             fontsize=8,
         )
