@@ -10,7 +10,8 @@ draws). Against that truth, on the *same* truncated LM:
 (a) the Monte Carlo gradient study (:func:`simkit.lm.exact.mc_study`: ``reps`` batches of n
     responses from μ_k against an on-policy REINFORCE reference of ``n_ref`` responses) —
     coverage: the share of mappings whose 95% intervals of bias and variance contain the exact
-    value;
+    value of the *same* estimator (its advantage R − Ĵ uses the study's pilot estimate Ĵ, so
+    the exact values are computed on the tree with that baseline: ``mc_exact_<m>``);
 (b) the distribution-matched twin (:mod:`simkit.lm.twin_dist`), fitted only from ``n_log``
     logged responses of μ_k (per-token log π, log μ, mask, reward: exact leaf draws), and the
     χ²-profile token-MDP twin (:func:`simkit.lm.twin.simulation_twin`, given the exact
@@ -34,6 +35,7 @@ torch is imported inside :func:`compute` only.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -41,6 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from simkit import experiment as _experiment
 from simkit import mappings
 from simkit.figures import _common, style
 
@@ -212,13 +215,13 @@ def load(cfg: Config):
     return model, tokenizer, task, eos
 
 
-def estimators(cfg: Config):
+def estimators(cfg: Config, advantage: str = "oracle_pi"):
     """One estimator per mapping: ``cfg.aggregation``, advantage ``oracle_pi`` (R − J(π): the
     LM study's baseline is its pilot estimate of J(π))."""
     from simkit.estimators import Estimator
 
     names = list(cfg.mapping_names) if cfg.mapping_names is not None else mappings.available()
-    return [Estimator(m, aggregation=cfg.aggregation, advantage="oracle_pi", name=m) for m in names]
+    return [Estimator(m, aggregation=cfg.aggregation, advantage=advantage, name=m) for m in names]
 
 
 def resolved(lo, hi) -> bool:
@@ -316,6 +319,19 @@ def compute(cfg: Config) -> Data:
         timings["mc"] += time.perf_counter() - t0
         mc_t = mc.table
         mc_rel = twin_dist.relative(mc_t)
+        # the MC study's advantage is R − Ĵ with Ĵ its pilot estimate: its exact values on the
+        # tree are those of the raw advantage on rewards R − Ĵ (∇J does not change)
+        shifted = dataclasses.replace(ex.env, rewards=ex.env.rewards - mc.J)
+        mc_truth = _experiment.run(
+            shifted,
+            "mu",
+            estimators(cfg, advantage="raw"),
+            n=cfg.n,
+            reps=cfg.exact_reps,
+            seed=cfg.seed + i,
+            n_boot=50,
+            progress=False,
+        ).set_index("estimator")
         base = mc_t[mc_t.mapping == "naive"].iloc[0]
         # (b) the distribution-matched twin from logged responses of μ_k
         t0 = time.perf_counter()
@@ -342,7 +358,7 @@ def compute(cfg: Config) -> Data:
         cmp = pd.DataFrame(
             {"behaviour": spec, "estimator": truth.estimator, "mapping": truth.mapping}
         )
-        et = ex.table.set_index("estimator")
+        et = mc_truth
         mt = mc_t.set_index("estimator")
         cmp["mc_covers_bias"] = [
             mt.loc[e, "bias_lo"] <= et.loc[e, "bias"] <= mt.loc[e, "bias_hi"] for e in cmp.estimator
@@ -351,6 +367,8 @@ def compute(cfg: Config) -> Data:
             mt.loc[e, "variance_lo"] <= et.loc[e, "variance"] <= mt.loc[e, "variance_hi"]
             for e in cmp.estimator
         ]
+        cmp["mc_exact_bias"] = [et.loc[e, "bias"] for e in cmp.estimator]
+        cmp["mc_exact_variance"] = [et.loc[e, "variance"] for e in cmp.estimator]
         for key in METRICS:
             cmp[f"exact_rel_{key}"] = truth[f"rel_{key}"].to_numpy()
             cmp[f"mc_rel_{key}"] = mc_rel[f"rel_{key}"].to_numpy()
