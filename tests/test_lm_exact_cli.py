@@ -56,3 +56,17 @@ def test_exact_smollm2_small(tmp_path):
     assert run(argv) == 0
     table = pd.read_parquet(out)
     assert (table.D == 576).all() and table.exact.all()
+
+
+def test_dump_writes_a_file_diagnose_reads(tmp_path, capsys):
+    from simkit import diagnose
+
+    out = tmp_path / "d.jsonl"
+    argv = ["lm", "dump", "-b", "temperature:1.3", "--n", "8", "-T", "3", "--format", "trl"]
+    assert run([*argv, "--out", str(out)]) == 0
+    ro = diagnose.read_rollouts(out)
+    assert ro.mask.shape == (8, 3) and ro.sources["log_pi"] == "old_per_token_logps"
+    meta = (tmp_path / "d.jsonl.meta.json").read_text()
+    assert "chi2_tok" in meta and "exact over the vocabulary" in capsys.readouterr().err
+    with pytest.raises(CLIError, match=r"\.parquet or \.jsonl"):
+        run([*argv, "--out", str(tmp_path / "d.csv")])

@@ -7,7 +7,9 @@
 - ``simkit lm study`` — bias / variance / cosine / SNR / ESS of every mapping on a language
   model (:func:`simkit.lm.experiment.gradient_study`);
 - ``simkit lm compare`` — the study next to the token-MDP twin's prediction, with the rank
-  agreement (:mod:`simkit.figures.lm_vs_sim`).
+  agreement (:mod:`simkit.figures._lm_vs_sim_mc`);
+- ``simkit lm exact`` and ``simkit lm dump`` (:mod:`simkit.lm.exact_cli`) — the exact top-k
+  tree study, and rollouts with known mismatch for ``simkit diagnose``.
 
 torch is imported only when a subcommand runs, so ``simkit --help`` works without it.
 """
