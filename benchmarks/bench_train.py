@@ -16,6 +16,12 @@ advantage, G = 8), rollout batch 512 split into N = 8 mini-batches of 64, Adam, 
 - a grid of 8 of those runs (``--grid-steps`` steps each) through
   :func:`simkit.sweep.run_config` serially and on 2 processes: the parallel speed-up.
 
+Parameterisations (issue 16): steps/s of ``parameterization = "tied"`` and ``"features"``
+(d = 256, token rank 16) against ``"tabular"`` at the benchmark setting (exact columns every 10
+steps), measured in the same run. The ``collapse_regimes`` grid (issue 16): steps/s of one of
+its runs at each N (lag 8, lr 0.3), from which the wall time of the whole grid on 2 cores is
+estimated (target: under 30 minutes). ``--only-issue16`` runs just these two sections.
+
 From these it estimates the wall time of a 64-configuration ``staleness_curves`` grid of 1000
 steps each on 2 cores (issue 7's target: under 30 minutes), both at the benchmark setting
 (V = 32, T = 256, batch 512, N = 8, exact columns every 10 steps) and at the figure's
@@ -51,11 +57,20 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--out", default=str(Path(__file__).resolve().parent / "results" / "bench_train.json")
     )
+    parser.add_argument(
+        "--only-issue16",
+        action="store_true",
+        help="only the parameterisation and collapse_regimes sections",
+    )
     args, _ = parser.parse_known_args(argv)  # run_all.py passes every script the same args
 
     env = TokenMDP.answer_correct(V=32, T=256, seed=0)
     est = recipe("vespo", group_size=8)
     results: dict = {"setting": {"V": 32, "T": 256, "batch": 512, "N": 8, "recipe": "VESPO"}}
+    with single_threaded_blas():
+        results.update(issue16(env, est, args))
+    if args.only_issue16:
+        return write(results, args.out)
     with single_threaded_blas():
         # floor: the step's share of one rollout (512 sequences / 8) + one accumulation of 64
         rng = np.random.default_rng(0)
@@ -131,7 +146,6 @@ def main(argv=None) -> int:
         one_core = GRID_RUNS * GRID_STEPS / rate / 60
         estimates[name] = {"measured_speedup": one_core / speedup, "ideal_2x": one_core / 2}
     results["grid64_minutes_on_2_cores"] = estimates
-    results["load_average"] = os.getloadavg() if hasattr(os, "getloadavg") else None
 
     print(f"machine: {platform.platform()}, {os.cpu_count()} cores")
     print(
@@ -147,7 +161,7 @@ def main(argv=None) -> int:
         f"staleness_curves runs (V = 32, T = 64, m = 32, exact J every 10): "
         f"N = 1 {fig_rate[1]:.0f} steps/s, N = 64 {fig_rate[64]:.0f} steps/s"
     )
-    load = results["load_average"]
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
     print(
         f"grid of 8 runs x {args.grid_steps} steps: serial {serial:.1f} s, {workers} processes "
         f"{procs:.1f} s (speed-up {speedup:.2f} x; load average {load[0]:.1f} while measuring)"
@@ -162,11 +176,77 @@ def main(argv=None) -> int:
             f"{est['measured_speedup']:.1f} min at the measured speed-up, "
             f"{est['ideal_2x']:.1f} min at 2 x ({verdict} the {TARGET_MINUTES:.0f} min target)"
         )
-    out = Path(args.out)
+    return write(results, args.out)
+
+
+def write(results: dict, path) -> int:
+    out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     results["machine"] = platform.platform()
+    results["load_average"] = os.getloadavg() if hasattr(os, "getloadavg") else None
     out.write_text(json.dumps(results, indent=1), encoding="utf-8")
     return 0
+
+
+def issue16(env, est, args) -> dict:
+    """Parameterisations against tabular, and the collapse_regimes grid estimate."""
+    from simkit.figures import collapse_regimes
+
+    out: dict = {}
+    rates = {}
+    for kind in ("tabular", "tied", "features"):
+        cfg = TrainConfig(
+            est,
+            steps=args.steps,
+            batch=512,
+            minibatches=8,
+            lr=0.03,
+            record_every=10,
+            parameterization=kind,
+            features=256,
+            feature_rank=16,
+        )
+        sec = best_time(lambda c=cfg: train(env, c, seed=0), args.repeats)
+        rates[kind] = args.steps / sec
+    out["parameterization_steps_per_s"] = rates
+    print("parameterisations (V = 32, T = 256, batch 512, N = 8, exact columns every 10):")
+    for kind, rate in rates.items():
+        print(f"  {kind:>8s}: {rate:7.1f} steps/s   {rates['tabular'] / rate:5.2f} x tabular time")
+
+    cr = collapse_regimes.config()
+    cr_env = collapse_regimes.environment(cr)
+    per_N = {}
+    for N in sorted({*cr.Ns, cr.N_fixed}):
+        steps = min(args.steps, cr.steps)
+        cfg = TrainConfig(
+            recipe("grpo", cr.group_size),
+            steps=steps,
+            batch=N * cr.minibatch_size,
+            minibatches=N,
+            lag=max(cr.lags),
+            lr=cr.lr_fixed,
+            max_grad_norm=cr.max_grad_norm,
+            record_every=cr.record_every,
+        )
+        sec = best_time(lambda c=cfg: train(cr_env, c, seed=0), 1)
+        per_N[N] = steps / sec
+    runs = len(cr.recipes) * len(cr.seeds)
+    one_core = sum(runs * cr.steps / per_N[N] for N, _, _ in collapse_regimes.cells(cr))
+    minutes = one_core / 2 / 60
+    out["collapse_regimes"] = {
+        "steps_per_s_by_N": per_N,
+        "runs": runs * len(collapse_regimes.cells(cr)),
+        "minutes_on_2_cores_ideal": minutes,
+    }
+    print(
+        f"collapse_regimes grid: {runs * len(collapse_regimes.cells(cr))} runs x {cr.steps} "
+        "steps; steps/s by N "
+        + ", ".join(f"N = {N}: {r:.0f}" for N, r in per_N.items())
+        + f"; estimate {minutes:.1f} min on 2 cores at 2 x "
+        + ("(meets" if minutes < TARGET_MINUTES else "(MISSES")
+        + f" the {TARGET_MINUTES:.0f} min target)"
+    )
+    return out
 
 
 if __name__ == "__main__":

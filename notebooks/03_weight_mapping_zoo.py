@@ -29,7 +29,7 @@
 # - read any policy loss as the weighted policy gradient
 #   g = (1/Z) Σ c·A·∇log π, and derive c from a surrogate F (c = r·F′(r)) or from a
 #   detached weight;
-# - find your way in simkit's registry: 27 mappings, the level they act at (token, sequence,
+# - find your way in simkit's registry: 30 mappings, the level they act at (token, sequence,
 #   batch), the ratio they read (r_t, W or s), their knobs and the presets of the libraries;
 # - draw f and φ of every mapping for A > 0 and A < 0, turn their knobs with widgets, and
 #   tell masks (φ drops to 0) from truncations (φ saturates) and smooth reshapings;
@@ -134,7 +134,7 @@ print(f"{len(registry)} mappings, {len(SCALAR)} of them a function of one ratio"
 # batch (`batch`: self-normalisation, Pareto smoothing, M2PO's batch second moment). The
 # `ratio` column says which ratio φ reads: r_t, W or s.
 #
-# The on-policy rule is a test, not a hope: with every log-ratio 0, every one of the 27
+# The on-policy rule is a test, not a hope: with every log-ratio 0, every one of the 30
 # mappings gives c = 1 on every valid token and 0 on padding, whatever the sign of A.
 
 # %%
@@ -147,7 +147,8 @@ for name in mappings.available():
     assert np.array_equal(c, mask.astype(float)), name
 paper_luffy = mappings.get("luffy", preset="paper")
 print(
-    "all 27 give c = 1 on-policy; the exception by design is LUFFY's un-normalised "
+    f"all {len(mappings.available())} give c = 1 on-policy; the exception by design is "
+    "LUFFY's un-normalised "
     f"'paper' preset: c(1) = γ/(1+γ)² = {paper_luffy.phi(1.0):.4f}"
 )
 assert abs(paper_luffy.phi(1.0) - 0.1 / 1.1**2) < 1e-15
@@ -601,7 +602,10 @@ vespo_widget = interact(
 # weights change when θ moves within an update, the frozen λ do not (exercise 4).
 #
 # We check it with torch on a small tabular policy (one softmax per position,
-# π_θ(·|t) = softmax(θ_t)): for each of the 27 mappings and each of the 4 aggregations,
+# π_θ(·|t) = softmax(θ_t)): for each of the 28 mappings with a c·A gradient and each of the 4
+# aggregations (clip_cov and kl_cov read log π itself and kl_cov's penalty is not ∝ A: the
+# numpy estimator, which sees log-ratios only, cannot reproduce them; `tests/test_lm_losses.py`
+# checks them against `simkit.mappings` given log π),
 # the gradient of `simkit.lm.losses.policy_loss` (the torch losses, surrogate or detached as
 # the libraries write them) equals the gradient of the weighted SFT loss whose λ come from
 # the *numpy* estimator `Estimator(...).token_weights` — two independent implementations.
@@ -665,7 +669,7 @@ def gradients(name, aggregation):
 
 rows = []
 for aggregation in AGGREGATIONS:
-    for name in losses.available():
+    for name in [n for n in losses.available() if not mappings.mapping_class(n).uses_log_prob]:
         g_loss, g_sft, loss_value, sft_value = gradients(name, aggregation)
         error = np.max(np.abs(g_loss - g_sft)) / max(np.max(np.abs(g_sft)), 1e-300)
         rows.append(
@@ -696,7 +700,7 @@ display(
 )
 
 # %% [markdown]
-# Same gradients to rounding error for the 108 pairs. The detached losses *are* weighted SFT
+# Same gradients to rounding error for the 112 pairs. The detached losses *are* weighted SFT
 # losses (same value too); the surrogate ones have other values — PPO's is about −Σ r·A/Z,
 # near 0 when advantages are centred — so the "loss" curve a trainer logs is not comparable
 # across mappings: only its gradient means something.

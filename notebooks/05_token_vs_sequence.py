@@ -203,24 +203,34 @@ with style.context():
 # `answer_correct` (the reward reads only the last token) and a majority vote (`at_least_k`,
 # the reward reads the whole sequence).
 
+# The figure has two rows: **untied** parameters (one logit table per position, the gradient
+# w.r.t. $\theta[t, \text{state}, \text{token}]$) and **tied** ones (one table shared by every
+# position, closer to a language model: the gradient is the sum of the per-position blocks).
+# The advantage is the oracle $A = R - J(\mu)$, centred under $\mu$ as a group mean would be.
+
 # %%
 tb = token_bias_vs_T.compute(token_bias_vs_T.config(small=FAST))
 with style.context():
     display(token_bias_vs_T.draw(tb))
 
 both = tb[tb.bias_enum.notna()]
-assert np.allclose(both.bias, both.bias_enum, atol=1e-10)  # DP == enumeration
-token_is = tb[tb.mapping == "is_token"]
+assert np.allclose(both.bias, both.bias_enum, atol=1e-10)  # DP == enumeration (both params)
+untied = tb[tb.params == "untied"]
+token_is = untied[untied.mapping == "is_token"]
 assert np.all(token_is[token_is["T"] == 1].bias < 1e-12)  # T = 1: token IS is sequence IS
 assert np.all(tb[tb.mapping == "is_seq"].bias < 1e-12)  # enumerated (or 0 by theory)
 majority = token_is[token_is.env == "at_least_k"].sort_values("T")
 assert np.all(np.diff(majority.relative_bias) > 0)  # majority: relative bias keeps growing
 last = token_is[token_is["T"] == token_is["T"].max()]
 assert np.all(last.bias < last.bound_shape)  # far below the T² shape matched at small T
-ppo = tb[tb.mapping == "ppo_clip"].set_index(["env", "T"]).bias
+ppo = untied[untied.mapping == "ppo_clip"].set_index(["env", "T"]).bias
 tok = token_is.set_index(["env", "T"]).bias
-assert np.all((ppo >= tok)[tok.index.get_level_values("T") >= 2])
+above = (ppo >= tok)[tok.index.get_level_values("T") >= 2]
+assert above.loc["answer_correct"].all()  # PPO clip above token IS at every T ≥ 2 there
+print("PPO clip's bias ≥ token IS's (T ≥ 2), majority vote:", above.loc["at_least_k"].to_dict())
 display(token_is.pivot_table(index="T", columns="env", values="relative_bias"))
+for line in token_bias_vs_T.claims(tb):  # the growth laws, fitted from the data above
+    print(line)
 
 # %% [markdown]
 # Read the figure with the bound in mind. $T^2\Delta_{\max}$ is a worst case: on
@@ -229,24 +239,36 @@ display(token_is.pivot_table(index="T", columns="env", values="relative_bias"))
 # never mixes, and the bias *relative to* $\|\nabla J\|$ keeps growing with $T$ — token IS
 # ends up pointing as far from $\nabla J$ as $\nabla J$ is long. Naive REINFORCE ignores the
 # ratios altogether and is biased already at $T = 1$ on `answer_correct`; PPO clip inherits
-# token IS's state-distribution bias and adds that of its clipped tokens (its bias is above
-# token IS's at every $T \ge 2$, asserted). Sequence IS is exactly unbiased at every $T$.
+# token IS's state-distribution bias and adds that of its clipped tokens on `answer_correct`
+# (above token IS at every $T \ge 2$, asserted), while on the majority vote the two end up at
+# about the same bias (printed above). Sequence IS is exactly unbiased at every $T$.
+#
+# The growth laws printed above are fitted slopes of log bias against log $T$; they come from
+# the data, so read them rather than a rule of thumb. With untied parameters and the $J(\mu)$
+# baseline, naive's and token IS's biases are flat in $T$ once the automaton has mixed; with
+# tied parameters every position adds its block to the same table, which is how a clipped
+# mapping's per-position bias can add up with $T$ (PPO clip on `answer_correct`). No measured
+# curve reaches the $T^2$ growth of the bound's shape.
 #
 # ## 4. The length trap of sequence masking
 #
-# Sequence-level fixes bring their own length problems. Suppose the trainer and the inference
-# engine disagree a little but systematically: every token ratio is about $\bar\rho > 1$. Then
-# $W \approx \bar\rho^T$ and the one-sided sequence mask $W\,\mathbb{1}[W \le C]$ (sequence MIS)
-# rejects half of the sequences at, and essentially all of them well beyond, the length
+# Sequence-level fixes bring their own length problems. rl-collapse (part 3) argues: if every
+# token ratio is about $\bar\rho > 1$, then $W \approx \bar\rho^T$ and the one-sided sequence
+# mask $W\,\mathbb{1}[W \le C]$ (sequence MIS) rejects the sequences longer than
 #
 # $$T^\star = \frac{\log C}{\log\bar\rho}\qquad(C = 5,\ \bar\rho = 1.001 \Rightarrow
-#   T^\star \approx 1610;\ \text{rl-collapse, part 3}).$$
+#   T^\star \approx 1610).$$
 #
-# With i.i.d. token log-ratios $\mathcal{N}(\log\bar\rho, \sigma^2)$,
-# $P(W \le C) = \Phi\big((\log C - T\log\bar\rho)/(\sigma\sqrt T)\big)$, while Geo-Mask
-# $\mathbb{1}[\ell \le s \le h]$ on the geometric mean $s = e^{\overline{\log r}}$ keeps
-# almost everything at every length. The figure checks both closed forms against the
-# registered mappings applied to sampled log-ratios.
+# Which sequences? Token ratios exceed 1 *on average in log* only for tokens drawn from $\pi$:
+# $\mathbb{E}_\pi[\log r_t] = \mathrm{KL}(\pi\|\mu) > 0$, so $\bar\rho = e^{\mathrm{KL}(\pi\|\mu)}$.
+# The trainer's rollouts come from $\mu$, where $\mathbb{E}_\mu[W] = 1$: by Markov's inequality
+# $P_\mu(W > C) \le 1/C$ at every $T$, so the mask keeps at least $1 - 1/C$ of the rollouts
+# however long they are. What collapses beyond $T^\star$ is the share of $\pi$'s mass that the
+# kept rollouts carry, $\mathbb{E}_\mu[W\,\mathbb{1}\{W \le C\}] = P_\pi(W \le C)$. A two-sided
+# mask rejects $\mu$'s rollouts through its *lower* bound ($\log W$ drifts down under $\mu$),
+# and Geo-Mask on the geometric mean $s = e^{\overline{\log r}}$ keeps almost everything. The
+# figure computes both measures exactly (token counts) on a token MDP and checks them against
+# sequences sampled from $\mu$ and $\pi$.
 
 # %%
 assert abs(theory.length_trap_T(5.0, 1.001) - 1610) < 1
@@ -254,21 +276,14 @@ lt = length_trap.compute(length_trap.config(small=FAST))
 with style.context():
     display(length_trap.draw(lt))
 
-cfg_lt = lt["config"]
-points = lt["points"]
-for (rho, name), part in points.groupby(["rho_bar", "mapping"]):
-    if name == "mis_seq":
-        exact = length_trap.kept_fraction_mis_seq(part["T"], rho, cfg_lt.sigma, cfg_lt.c)
-    else:
-        exact = length_trap.kept_fraction_geo_mask(
-            part["T"], rho, cfg_lt.sigma, cfg_lt.geo_low, cfg_lt.geo_high
-        )
-    se_true = np.sqrt(exact * (1 - exact) / cfg_lt.n_seq)  # binomial SE at the true fraction
-    assert np.all(np.abs(part.kept_mc - exact) <= 4 * se_true + 1e-12), (rho, name)
-longest = points[points["T"] == points["T"].max()].set_index(["rho_bar", "mapping"]).kept_mc
-for rho in cfg_lt.rho_bars:  # at the longest length: MIS keeps nothing, Geo-Mask everything
-    assert longest[(rho, "mis_seq")] < 0.01 and longest[(rho, "geo_mask")] > 0.99
-print({f"ρ̄ = {rho}": round(t, 1) for rho, t in lt["t_star"].items()})
+kept = lt.kept
+one = kept[(kept["mask"] == "mis_seq_one_sided") & (kept.method == "exact")]
+mu_kept = one[one.measure == "mu_samples"].set_index("T").fraction
+pi_kept = one[one.measure == "pi_mass"].set_index("T").fraction
+assert (mu_kept >= lt.markov_floor - 1e-12).all()  # Markov: at every T
+assert pi_kept.iloc[-1] < mu_kept.iloc[-1]  # the mass, not the rollouts, is what is lost
+for note in lt.notes:
+    print(note)
 
 # %% [markdown]
 # ## 5. GSPO's length conflation
@@ -323,13 +338,17 @@ assert np.all(gspo_bias.is_seq < 1e-12)
 # Token IS: a bias that grows (then saturates here) with $T$ and a variance that grows slowly.
 # Sequence IS: no bias, variance that grows like $(1+\chi^2)^T$. For short responses sequence IS
 # wins, for long ones token IS does; the crossing length is the practical answer to "token or
-# sequence?". The figure `mse_vs_T` computes every MSE exactly (enumeration, $V^T \le 2^{16}$)
-# and by Monte Carlo beyond, on `answer_correct` at per-token $\chi^2 = 0.05$ and $n = 16$.
+# sequence?". The figure `mse_vs_T` computes every MSE exactly — by enumeration
+# ($V^T \le 2^{16}$) and beyond by the moment dynamic programme (mean and variance of every
+# token-level mapping and of sequence IS, `simkit.envs.token_moments`) — and by Monte Carlo only
+# for the mappings without a DP, on `answer_correct` at per-token $\chi^2 = 0.05$, $n = 16$,
+# oracle advantage $A = R - J(\mu)$.
 
 # %%
 mse_cfg = mse_vs_T.Config(
     exact_lengths=tuple(range(1, 11 if FAST else 13)),
-    mc_lengths=() if FAST else (16, 24, 32),
+    dp_lengths=() if FAST else (16, 24, 32),
+    mc_lengths=(),
     mapping_names=("naive", "is_token", "ppo_clip", "tis_seq", "is_seq"),
     chi2_tok=0.05,
     n=16,
@@ -359,27 +378,30 @@ def crossing_T(table, token="is_token", sequence="is_seq"):
 
 t_cross, t_interp = crossing_T(curves)
 print(f"sequence IS overtakes token IS at T = {t_cross} (interpolated {t_interp:.2f})")
-assert t_cross == 8
+assert t_cross == 4
 by_T = curves[curves.exact].pivot_table(index="T", columns="mapping", values="mse")
-assert np.all(by_T.tis_seq <= np.minimum(by_T.is_token, by_T.is_seq) + 1e-12)
-mc = curves[~curves.exact]
-if len(mc):  # beyond the enumeration, the Monte Carlo bands keep them apart
-    tok_mc = mc[mc.mapping == "is_token"].set_index("T")
-    seq_mc = mc[mc.mapping == "is_seq"].set_index("T")
-    assert np.all(seq_mc.mse_lo > tok_mc.mse_hi)
+assert np.all((by_T.is_seq > by_T.is_token)[by_T.index >= t_cross])  # and stays above
+assert np.all(by_T.tis_seq.dropna() <= by_T.is_seq[by_T.tis_seq.notna()] + 1e-12)
+assert np.all((by_T.tis_seq > by_T.is_token)[by_T.index >= 5])  # …but not below token IS
+assert (by_T.idxmin(axis=1) == "naive").all()  # naive has the smallest MSE at every T here
+print(f"naive's MSE / token IS's: {(by_T.naive / by_T.is_token).round(3).to_dict()}")
 
 # %% [markdown]
-# At $\chi^2 = 0.05$ per token and $n = 16$ the curves cross at $T = 8$ (asserted): from there
-# on token IS has the smaller MSE, and the Monte Carlo points beyond the enumeration confirm the
-# gap widens. Truncated sequence IS (`tis_seq`, $\min(W, 2)$) stays below both. The crossing is
-# not a constant of nature: it moves with the mismatch and with the batch size (exercise 2).
-# Try it:
+# At $\chi^2 = 0.05$ per token and $n = 16$ the curves cross at $T = 4$ (asserted): from there
+# on token IS has the smaller MSE, and the exact DP values beyond the enumeration (full size)
+# show the gap widening. Truncated sequence IS (`tis_seq`, $\min(W, 2)$) stays below sequence
+# IS at every length but above token IS from $T = 5$ (asserted). And with the $J(\mu)$ baseline
+# naive REINFORCE has the smallest MSE of all five at every $T$ here (asserted): its bias is
+# small and does not grow with $T$ on `answer_correct` (section 3), and its variance is the
+# lowest. The crossing is not a constant of nature: it moves with the mismatch and with the
+# batch size (exercise 2). Try it:
 
 
 # %%
 def crossing_explorer(chi2=0.05, n=16, T_max=12):
     cfg = mse_vs_T.Config(
         exact_lengths=tuple(range(1, T_max + 1)),
+        dp_lengths=(),
         mc_lengths=(),
         mapping_names=("is_token", "is_seq", "tis_seq"),
         chi2_tok=chi2,
@@ -421,9 +443,11 @@ explorer = interact(
 #    per-token $\chi^2$ doubles to 0.1. Justify with $\mathrm{MSE} = \mathrm{bias}^2 +
 #    \mathrm{Var}/n$ and the growth rates of each term, then compute both crossings.
 # 3. **The length trap at $T^\star$.** For $C = 5$, $\bar\rho = 1.002$, $\sigma = 0.02$:
-#    compute $T^\star$, predict the fraction of sequences `mis_seq` keeps at $T = T^\star$ (hint:
+#    compute $T^\star$, predict the fraction of sequences *drawn from π* (token log-ratios
+#    $\mathcal N(\log\bar\rho, \sigma^2)$ under π) that `mis_seq` keeps at $T = T^\star$ (hint:
 #    the closed form at $T^\star$), and check it by applying the registered mapping to sampled
-#    log-ratios. Up to which length does it keep 99 %?
+#    log-ratios. Up to which length does it keep 99 %? Why is this not the fraction of μ's
+#    rollouts kept?
 # 4. **GSPO and repetition.** Take a sequence of log-ratios and concatenate it with itself.
 #    What happens to $W$ and to GSPO's $s$? Check with the registered `gspo` and `is_seq`
 #    mappings, and explain why this invariance is a variance *and* a bias statement.

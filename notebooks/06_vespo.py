@@ -701,6 +701,7 @@ lineup = ("naive", "is_token", "is_seq", "tis_seq", "gspo", "vespo")
 curves = mse_vs_T.compute(
     mse_vs_T.Config(
         exact_lengths=tuple(range(1, T_MAX + 1)),
+        dp_lengths=(),
         mc_lengths=(),
         mapping_names=lineup,
         chi2_tok=CHI2_TOK,
@@ -726,7 +727,9 @@ assert growth.idxmax() == "is_seq" and growth.idxmin() == "vespo"  # (1+χ²)^T 
 assert np.all(table["variance"].loc[2:, "vespo"] < table["variance"].loc[2:, "is_seq"])
 assert np.all(table["bias"].is_seq < 1e-12)  # IS: exactly unbiased
 assert table["bias"].loc[1, "vespo"] > 0.01  # VESPO: biased already at T = 1 (section 5.1)
-assert table["cosine"].loc[last, "tis_seq"] > table["cosine"].loc[last, "vespo"]
+biased = [m for m in lineup if m != "is_seq"]
+assert table["cosine"].loc[last, biased].idxmax() == "vespo"  # the best-aimed biased one…
+assert table["cosine"].loc[4, "tis_seq"] > table["cosine"].loc[4, "vespo"]  # …but not at T = 4
 
 # %% [markdown]
 # What the numbers say (each line asserted above):
@@ -735,8 +738,10 @@ assert table["cosine"].loc[last, "tis_seq"] > table["cosine"].loc[last, "vespo"]
 #   variance grows by the largest factor of the six — the $(1+\chi^2)^T$ growth.
 # - **VESPO** is biased from $T = 1$ on (its first-order bias), but its variance grows by the
 #   smallest factor: at the longest length it has the **smallest MSE** of the six.
-# - **Direction.** Truncated IS ($\min(W, 2)$) keeps a better cosine to $\nabla J$ than
-#   VESPO; VESPO's MSE advantage comes from its small variance, partly from its shrinking mean
+# - **Direction.** At $T = 4$ truncated IS ($\min(W, 2)$) keeps a better cosine to $\nabla J$
+#   than VESPO, but at the longest length VESPO has the best cosine of the five biased
+#   mappings (about 0.94 against 0.91 for truncated IS and naive; oracle baseline $J(\mu)$).
+#   VESPO's MSE advantage comes mostly from its small variance, partly from its shrinking mean
 #   coefficient $Z$ (section 4). Whether a smaller, better-behaved step beats a better-aimed
 #   one is a training question (notebook 08), not a one-gradient one.
 #

@@ -143,7 +143,8 @@ def check_batch(log_ratio, mask, advantages):
     Returns ``(log_ratio float64 (N,T), mask bool (N,T), advantages float64 (N,))``.
     ``log_ratio`` must be finite on valid tokens and ``advantages`` finite on rows with a
     valid token (``ValueError`` naming the argument and the first bad position); padded
-    positions may hold anything (±inf, NaN) and are replaced by 0 in the returned array.
+    positions (and the advantages of rows without a valid token) may hold anything (±inf, NaN)
+    and are replaced by 0 in the returned arrays.
     """
     lr = as_real(log_ratio, "log_ratio")
     if lr.ndim != 2:
@@ -177,4 +178,5 @@ def check_batch(log_ratio, mask, advantages):
                 f"advantages is {adv[i]} at row {i}, which has valid tokens; advantages must "
                 "be finite (a NaN would silently count as negative)"
             )
+        adv = np.where(np.isfinite(adv), adv, 0.0)  # rows without a valid token: padding
     return lr, m, adv

@@ -8,7 +8,8 @@ Subcommands (each defined by an ``_add_<name>(subparsers)`` function registered 
 - ``simkit report DIR`` — merged table and standard plots of a sweep directory;
 - ``simkit figures [NAME …] [--out DIR] [--small]`` — regenerate figures and the gallery;
 - ``simkit info`` — versions of simkit and its dependencies, installed optional extras;
-- ``simkit list mappings|figures|shifts`` — what the registries contain.
+- ``simkit list mappings|figures|shifts`` — what the registries contain;
+- ``simkit schema [experiment|train]`` — the JSON Schema of a sweep config.
 
 ``main(argv)`` returns the exit status (0 success, 2 usage error) instead of exiting, so that it
 can be called from tests and notebooks.
@@ -25,13 +26,14 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from simkit.cli_errors import CLIError
 
 PROG = "simkit"
 
 #: core dependencies reported by ``simkit info`` (distribution names)
-CORE_PACKAGES = ("numpy", "scipy", "pandas", "matplotlib", "tqdm", "arviz-stats")
+CORE_PACKAGES = ("numpy", "scipy", "pandas", "matplotlib", "tqdm", "arviz-stats", "pydantic")
 #: optional extras: extra name -> distributions (import names are looked up by find_spec)
 OPTIONAL_PACKAGES = {
     "lm": ("torch", "transformers", "gguf"),
@@ -45,7 +47,7 @@ OPTIONAL_PACKAGES = {
         "ipywidgets",
         "nbmake",
     ),
-    "dev": ("pytest", "pytest-xdist", "hypothesis", "ruff"),
+    "dev": ("pytest", "pytest-xdist", "hypothesis", "ruff", "import-linter", "jsonschema"),
 }
 
 
@@ -65,7 +67,11 @@ def _add_figures(subparsers) -> None:
             "Compute and draw figures, writing <out>/<name>.png and <out>/<name>.pdf\n"
             "(byte-for-byte reproducible) and regenerating <out>/README.md, the gallery.\n"
             "Without names every figure is made. --small (or SIMKIT_SMALL=1) uses reduced\n"
-            "sizes: fast, for tests and quick looks. 'simkit list figures' lists the names."
+            "sizes: fast, for tests and quick looks. 'simkit list figures' lists the names.\n"
+            "Each figure's data is cached under a hash of its config and of the code it\n"
+            "imports (.simkit-cache/ or $SIMKIT_CACHE_DIR): an unchanged figure is copied from\n"
+            "the cache, a changed one recomputed; --force recomputes all. Figures run in\n"
+            "parallel; <out>/MANIFEST.json records what each file was made from."
         ),
         epilog=(
             "examples:\n"
@@ -78,6 +84,22 @@ def _add_figures(subparsers) -> None:
         "--out", default="figures", metavar="DIR", help="output directory (default: %(default)s)"
     )
     p.add_argument("--small", action="store_true", help="reduced sizes (fast)")
+    p.add_argument(
+        "--force", action="store_true", help="ignore the cache: recompute every figure's data"
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="worker processes (default: the CPUs available; 1: in this process)",
+    )
+    p.add_argument(
+        "--cache-dir",
+        default=None,
+        metavar="DIR",
+        help="figure-data cache (default: $SIMKIT_CACHE_DIR or .simkit-cache)",
+    )
     p.set_defaults(func=_run_figures)
 
 
@@ -91,18 +113,25 @@ def _run_figures(args) -> int:
             f"unknown figure(s) {', '.join(map(repr, unknown))}; "
             f"available figures: {', '.join(figures.available())}"
         )
-    total = len(names)
-    for i, name in enumerate(names, 1):
-        print(f"[{i}/{total}] {name} ...", end=" ", file=sys.stderr, flush=True)
-        start = time.perf_counter()
-        paths = figures.render(name, args.out, small=args.small)
-        print(
-            f"done in {time.perf_counter() - start:.1f} s -> " + ", ".join(str(p) for p in paths),
-            file=sys.stderr,
-            flush=True,
-        )
-    gallery = figures.write_gallery(args.out)
-    print(f"gallery: {gallery}", file=sys.stderr)
+    if args.jobs is not None and args.jobs < 1:
+        raise CLIError(f"--jobs must be at least 1, got {args.jobs}")
+    start = time.perf_counter()
+    results = figures.build(
+        names,
+        args.out,
+        small=args.small,
+        force=args.force,
+        jobs=args.jobs,
+        cache_dir=args.cache_dir,
+    )
+    counts = {s: sum(r.status == s for r in results) for s in ("computed", "redrawn", "cached")}
+    print(
+        f"{len(results)} figure(s) in {time.perf_counter() - start:.1f} s "
+        f"({counts['computed']} computed, {counts['redrawn']} redrawn from cached data, "
+        f"{counts['cached']} from the cache); gallery: {Path(args.out) / 'README.md'}, "
+        f"manifest: {Path(args.out) / 'MANIFEST.json'}",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -277,10 +306,7 @@ def _run_run(args) -> int:
     except _config_errors() as err:
         raise CLIError(str(err)) from None
     if out is not None:
-        if out.endswith(".csv"):
-            table.to_csv(out, index=False)
-        else:
-            table.to_parquet(out, index=False)
+        sweep.write_table(table, out)  # atomically: never a half-written file
         print(f"table written to {out}", file=sys.stderr)
     print(_summary_table(table, args.all_columns))
     return 0
@@ -352,6 +378,12 @@ def _run_sweep(args) -> int:
         sweep.check_backend(args.backend, args.workers, args.scheduler)
     except (TypeError, ValueError) as err:
         raise CLIError(str(err)) from None
+    from simkit._validation import check_output_dir
+
+    try:  # before any work (run_sweep checks it too, naming its argument out_dir)
+        check_output_dir(args.out, "--out")
+    except ValueError as err:
+        raise CLIError(str(err)) from None
     try:
         summary = sweep.run_sweep(
             args.config,
@@ -401,6 +433,41 @@ def _run_report(args) -> int:
     return 0
 
 
+# --- schema ------------------------------------------------------------------------------------
+
+
+def _add_schema(subparsers) -> None:
+    p = subparsers.add_parser(
+        "schema",
+        help="the JSON Schema of a sweep config (for editors and validators)",
+        formatter_class=_Formatter,
+        description=(
+            "Print the JSON Schema of a TOML sweep configuration: 'experiment' (simkit run /\n"
+            "sweep) or 'train' (simkit train CONFIG). Point an editor's TOML extension at the\n"
+            "saved file to complete keys and check values as you type (README: editor setup)."
+        ),
+        epilog=(
+            "examples:\n"
+            "  simkit schema experiment > simkit-experiment.schema.json\n"
+            "  simkit schema train > simkit-train.schema.json\n"
+        ),
+    )
+    p.add_argument(
+        "kind", nargs="?", default="experiment", choices=("experiment", "train"),
+        help="config kind (default: experiment)",
+    )  # fmt: skip
+    p.set_defaults(func=_run_schema)
+
+
+def _run_schema(args) -> int:
+    import json
+
+    from simkit.config import json_schema
+
+    print(json.dumps(json_schema(args.kind), indent=2))
+    return 0
+
+
 # --- parser ------------------------------------------------------------------------------------
 
 
@@ -434,6 +501,7 @@ SUBCOMMANDS: dict[str, Callable] = {
     "figures": _add_figures,
     "info": _add_info,
     "list": _add_list,
+    "schema": _add_schema,
 }
 
 

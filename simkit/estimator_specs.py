@@ -33,19 +33,34 @@ def plain(value):
 
 
 def estimator_params(est: _estimators.Estimator) -> dict:
-    """Plain dict describing an estimator completely (cell parameters)."""
-    return plain(
-        {
-            "name": est.name,
-            "mapping": est.mapping.name,
-            "hyperparameters": est.mapping.hyperparameters,
-            "aggregation": est.aggregation,
-            "advantage": est.advantage,
-            "group_size": est.group_size,
-            "adv_eps": est.adv_eps,
-            "max_length": est.max_length,
-        }
-    )
+    """Plain dict describing an estimator completely (cell parameters). The composition fields
+    (``correction`` with its hyperparameters, ``mode``, ``denominator``, ``seed``) appear only
+    when they differ from their defaults, so that the specs of other estimators are unchanged."""
+    out = {
+        "name": est.name,
+        "mapping": est.mapping.name,
+        "hyperparameters": est.mapping.hyperparameters,
+        "aggregation": est.aggregation,
+        "advantage": est.advantage,
+        "group_size": est.group_size,
+        "adv_eps": est.adv_eps,
+        "max_length": est.max_length,
+    }
+    if est.correction is not None:
+        out["correction"] = est.correction.name
+        out["correction_hyperparameters"] = est.correction.hyperparameters
+        out["mode"] = est.mode
+    if est.denominator != "valid":
+        out["denominator"] = est.denominator
+    if est.seed != 0:
+        out["seed"] = est.seed
+    return plain(out)
+
+
+def _correction(spec: dict):
+    if spec.get("correction") is None:
+        return None
+    return mappings.get(spec["correction"], **spec.get("correction_hyperparameters", {}))
 
 
 def build_estimators(specs: list[dict]) -> list[_estimators.Estimator]:
@@ -59,6 +74,10 @@ def build_estimators(specs: list[dict]) -> list[_estimators.Estimator]:
             adv_eps=s["adv_eps"],
             max_length=s["max_length"],
             name=s["name"],
+            correction=_correction(s),
+            mode=s.get("mode", "decoupled"),
+            denominator=s.get("denominator", "valid"),
+            seed=s.get("seed", 0),
         )
         for s in specs
     ]

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simkit import composition
 from simkit.mappings import Mapping, get
 
 AGGREGATIONS = (
@@ -223,7 +224,20 @@ class Estimator:
     name : str
         Row label in experiment tables; default ``"<mapping label> [<aggregation>, <advantage>]"``,
         where the label names only non-default hyperparameters and the bracket lists only a
-        non-default aggregation (default ``token-mean``) or advantage (default ``oracle``).
+        non-default aggregation (default ``token-mean``) or advantage (default ``oracle``);
+        with a correction ``"<mapping> × <correction>"`` (and the mode if not decoupled).
+    correction : Mapping or str, optional
+        A detached-weight mapping on π_old/μ (:mod:`simkit.composition`): ``mode``
+        ``"decoupled"`` (c = c_mapping(π/π_old)·c_correction(π_old/μ): verl's decoupled
+        mode, TRL's vLLM importance-sampling correction), ``"bypass"`` (π_old := μ: both on
+        π/μ, verl's bypass mode) or ``"trl_vespo"`` (TRL's VESPO: the token correction folded
+        into W). ``None`` (default): the single-ratio estimator c = c_mapping(π/μ), bit for bit
+        the estimator without this field.
+    denominator : str
+        ``"valid"`` (default: Z counts every valid token) or ``"kept"`` (Z counts the tokens the
+        mapping's and the correction's rejections keep: verl's legacy path).
+    seed : int
+        Seed of the Generator of a stochastic mapping (``clip_cov``) when none is passed.
     """
 
     mapping: Mapping | str
@@ -233,6 +247,10 @@ class Estimator:
     adv_eps: float = DEFAULT_ADV_EPS
     max_length: int | None = None
     name: str = ""
+    correction: Mapping | str | None = None
+    mode: str = "decoupled"
+    denominator: str = "valid"
+    seed: int = 0
 
     def __post_init__(self):
         mapping = self.mapping
@@ -244,6 +262,10 @@ class Estimator:
                 f"got {type(mapping).__name__}"
             )
         object.__setattr__(self, "mapping", mapping)
+        correction = composition.check_correction(
+            mapping, self.correction, self.mode, self.denominator
+        )
+        object.__setattr__(self, "correction", correction)
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(
                 f"unknown aggregation {self.aggregation!r}; valid aggregations: "
@@ -282,8 +304,34 @@ class Estimator:
                 if self.group_size is not None:
                     adv = f"{adv}, G={self.group_size}"
                 parts.append(adv)
+            if self.denominator != "valid":
+                parts.append(f"denominator={self.denominator}")
             suffix = f" [{', '.join(parts)}]" if parts else ""
-            object.__setattr__(self, "name", f"{mapping.label}{suffix}")
+            label = mapping.label
+            if correction is not None:
+                label = f"{label} × {correction.label}"
+                if self.mode != "decoupled":
+                    label = f"{label} ({self.mode})"
+            object.__setattr__(self, "name", f"{label}{suffix}")
+
+    @property
+    def batch_dependent(self) -> bool:
+        """True iff c of a row depends on other rows (the mapping's or the correction's)."""
+        corr = self.correction
+        return self.mapping.batch_dependent or (corr is not None and corr.batch_dependent)
+
+    def exact_obstacles(self) -> list[str]:
+        """Reasons beyond the mapping and the advantage why the exact path does not apply."""
+        out = []
+        corr = self.correction
+        if corr is not None and corr.batch_dependent:
+            out.append(f"correction {corr.name!r} is batch dependent")
+        if self.denominator == "kept" and self.aggregation == "token-mean":
+            out.append(
+                "denominator 'kept' with 'token-mean' divides by the batch's number of kept "
+                "tokens, which is random"
+            )
+        return out
 
     @property
     def per_sample(self) -> bool:
@@ -294,7 +342,7 @@ class Estimator:
         deterministic Z (``token-mean`` on variable lengths has a random Z) and an enumerable
         environment: :func:`simkit.experiment.has_exact_path` makes that final decision.
         """
-        return (not self.mapping.batch_dependent) and self.advantage in PER_SAMPLE_ADVANTAGES
+        return (not self.batch_dependent) and self.advantage in PER_SAMPLE_ADVANTAGES
 
     def baseline(self, J_pi=None, J_mu=None) -> float | None:
         """The exact baseline b of this estimator's advantage A = R − b, or None (no oracle).
@@ -331,12 +379,54 @@ class Estimator:
         """This estimator's 1/Z per token (L..., N, T) (see :func:`aggregation_weights`)."""
         return aggregation_weights(mask, self.aggregation, self.max_length)
 
-    def coefficients(self, log_ratio, mask, advantages) -> np.ndarray:
-        """The mapping's coefficients c (L..., N, T), with leading batch axes.
+    def kept_weights(self, log_ratio, mask, advantages, old_log_ratio=None) -> np.ndarray:
+        """1/Z per token (L..., N, T) with the ``denominator`` option: for ``"kept"`` the
+        aggregation mask is the tokens the rejections keep (:func:`composition.kept_tokens`)."""
+        if self.denominator == "valid":
+            return self.aggregation_weights(mask)
+        lr = np.asarray(log_ratio, dtype=np.float64)
+        T = lr.shape[-1]
+        m = np.asarray(mask, dtype=bool)
+        adv = np.asarray(advantages, dtype=np.float64)
+        old = None if old_log_ratio is None else np.asarray(old_log_ratio).reshape(-1, T)
+        kept = composition.kept_tokens(
+            self.mapping,
+            self.correction,
+            self.mode,
+            lr.reshape(-1, T),
+            m.reshape(-1, T),
+            adv.reshape(-1),
+            old,
+        )
+        return self.aggregation_weights(kept.reshape(m.shape))
+
+    def _coefficients_2d(self, lr, m, adv, old, rng, log_prob=None) -> np.ndarray:
+        if self.correction is None:
+            return composition.call(self.mapping, lr, m, adv, rng, log_prob)
+        return composition.composed_coefficients(
+            self.mapping, self.correction, self.mode, lr, m, adv, old, rng, log_prob
+        )
+
+    def coefficients(
+        self, log_ratio, mask, advantages, old_log_ratio=None, rng=None, log_prob=None
+    ):
+        """The coefficients c (L..., N, T), with leading batch axes.
 
         Each leading index is one batch. A mapping that is not batch dependent sees all the
         batches at once (its rows are independent); a batch-dependent one is called per batch.
+        ``old_log_ratio`` (L..., N, T) = log π_old − log μ (None: π_old = π) feeds a
+        ``correction`` (:mod:`simkit.composition`; ignored without one). ``rng``: the Generator
+        of a stochastic mapping (default ``default_rng(seed)``, one per call). ``log_prob``
+        (L..., N, T) = log π, for mappings that read it (clip_cov, kl_cov; without it they use
+        the log-ratio, see :mod:`simkit.mappings.covariance`).
         """
+        stochastic = self.mapping.stochastic or (
+            self.correction is not None and self.correction.stochastic
+        )
+        if stochastic and rng is None:
+            rng = np.random.default_rng(self.seed)
+        if self.correction is None:
+            old_log_ratio = None
         lr = np.asarray(log_ratio, dtype=np.float64)
         m = np.asarray(mask)
         adv = np.asarray(advantages, dtype=np.float64)
@@ -351,23 +441,63 @@ class Estimator:
             )
         N, T = lr.shape[-2:]
         lead = lr.shape[:-2]
+        lp = None if log_prob is None else np.asarray(log_prob, dtype=np.float64)
+        if lp is not None and lp.shape != lr.shape:
+            raise ValueError(
+                f"log_prob must have the shape of log_ratio {lr.shape}, got {lp.shape}"
+            )
+        old = None
+        if old_log_ratio is not None:
+            old = np.asarray(old_log_ratio, dtype=np.float64)
+            if old.shape != lr.shape:
+                raise ValueError(
+                    f"old_log_ratio must have the shape of log_ratio {lr.shape}, got {old.shape}"
+                )
         if not lead:
-            return self.mapping.coefficients(lr, m, adv)
-        if not self.mapping.batch_dependent:
-            c = self.mapping.coefficients(lr.reshape(-1, T), m.reshape(-1, T), adv.reshape(-1))
+            return self._coefficients_2d(lr, m, adv, old, rng, lp)
+        if not self.batch_dependent:
+            flat_old = None if old is None else old.reshape(-1, T)
+            flat_lp = None if lp is None else lp.reshape(-1, T)
+            c = self._coefficients_2d(
+                lr.reshape(-1, T), m.reshape(-1, T), adv.reshape(-1), flat_old, rng, flat_lp
+            )
             return c.reshape(lr.shape)
         B = int(np.prod(lead))
         lr_b, m_b, adv_b = lr.reshape(B, N, T), m.reshape(B, N, T), adv.reshape(B, N)
-        c = np.stack([self.mapping.coefficients(lr_b[b], m_b[b], adv_b[b]) for b in range(B)])
+        old_b = None if old is None else old.reshape(B, N, T)
+        lp_b = None if lp is None else lp.reshape(B, N, T)
+        c = np.stack(
+            [
+                self._coefficients_2d(
+                    lr_b[b],
+                    m_b[b],
+                    adv_b[b],
+                    None if old_b is None else old_b[b],
+                    rng,
+                    None if lp_b is None else lp_b[b],
+                )
+                for b in range(B)
+            ]
+        )
         return c.reshape(lr.shape)
 
-    def token_weights(self, log_ratio, mask, rewards, J=None, return_coefficients=False):
+    def token_weights(
+        self,
+        log_ratio,
+        mask,
+        rewards,
+        J=None,
+        return_coefficients=False,
+        old_log_ratio=None,
+        rng=None,
+    ):
         """Per-token weights λ = c · A / Z of shape (L..., N, T).
 
         ``log_ratio``, ``mask`` (L..., N, T); ``rewards`` (L..., N); ``J`` the exact baseline of
         the oracle advantages (J(μ) for ``oracle``, J(π) for ``oracle_pi``, see
         :meth:`baseline`; ignored by the others). The gradient estimate is then
         ``env.accumulate(actions, λ)``. With ``return_coefficients=True`` returns ``(λ, c)``.
+        ``old_log_ratio``, ``rng``: see :meth:`coefficients`.
         """
         lr = np.asarray(log_ratio, dtype=np.float64)
         R = np.asarray(rewards, dtype=np.float64)
@@ -378,8 +508,10 @@ class Estimator:
             )
         self.check_batch_size(lr.shape[-2])
         adv = self.advantages(R, J)
-        c = self.coefficients(lr, mask, adv)
-        lam = c * adv[..., None] * self.aggregation_weights(mask)
+        if self.correction is None:
+            old_log_ratio = None
+        c = self.coefficients(lr, mask, adv, old_log_ratio=old_log_ratio, rng=rng)
+        lam = c * adv[..., None] * self.kept_weights(lr, mask, adv, old_log_ratio)
         return (lam, c) if return_coefficients else lam
 
     def gradient(self, env, batch) -> np.ndarray:

@@ -28,8 +28,11 @@ moments E[A·1{atom}] and E[A²·1{atom}] (closed forms for Bernoulli and Gaussi
 E ĝ = n·κ·E g and Var ĝ = n·κ²·(E‖g‖² − ‖E g‖²): no sampling error at all. On the token MDP
 (T > 1) an atom is a whole sequence (its reward is deterministic) and Z may be per sequence
 (seq-mean-token-mean: Z_i = n·|y_i|); only ``token-mean`` with varying lengths (EOS) has a
-random Z shared by the batch and goes to Monte Carlo, as does an environment with more
-sequences than its enumeration budget (:func:`has_exact_path`). ``ess`` is exact
+random Z shared by the batch and goes to Monte Carlo. Beyond the enumeration budget a token
+MDP keeps an exact path for untied parameters by dynamic programming
+(:mod:`simkit.envs.token_moments`: mean and variance of every token-level mapping and of the
+product-form sequence mappings ``is_seq`` and ``power``, W²-weighted forward/backward sweeps,
+any T); other estimators there go to Monte Carlo (:func:`has_exact_path`). ``ess`` is exact
 too; ``khat`` has no closed form and is always estimated from draws.
 
 **Monte Carlo** (everything else, or ``exact=False``): ``reps`` independent batches of n draws
@@ -52,7 +55,16 @@ Confidence bounds (``*_lo``/``*_hi``, at ``level``) come from a seeded bootstrap
 - ``snr``: [‖·‖²-bounds of the ball] / [variance bounds] (conservative).
 
 ``khat`` has no bounds; it is computed from the coefficients of all reps·n drawn samples, on
-exact rows too. Exact rows have NaN bounds.
+exact rows too (NaN where no Pareto tail can be fitted, :func:`khat_of_weights`). Exact rows
+have NaN bounds.
+
+**Reliability.** These intervals assume that the reps have seen the distribution's tail. With
+heavy-tailed weights they can under-cover badly and silently, so every Monte Carlo row carries
+``reliable`` (and the exact ``tail_draws`` ν behind it): False when the per-batch squared errors
+have a Pareto k̂ > 0.7, when one batch carries more than half of their sum, or when the exact
+moments of the coefficients say that reps·n draws expect fewer than 10 draws in the tail that
+carries the second moment (:mod:`simkit.reliability`, with the references). Exact rows are
+always reliable.
 
 Randomness: one ``SeedSequence(seed)`` spawns a stream for the batches and a stream for the
 bootstrap. Every estimator is evaluated on the *same* batches (common random numbers) with the
@@ -69,10 +81,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from simkit import legs, reliability
 from simkit._memory import check_samples
 from simkit._validation import check_seed
+from simkit.envs.token_moments import dp_applies
+from simkit.envs.token_moments import moments as dp_moments
 from simkit.estimators import ORACLE_ADVANTAGES, PER_SAMPLE_ADVANTAGES, Estimator, as_estimator
-from simkit.mappings.psis import psis_khat
+from simkit.reliability import KHAT_MIN_DISTINCT, khat_of_weights  # noqa: F401 (public here too)
 
 #: metrics that carry ``*_lo``/``*_hi`` bounds on the Monte Carlo path
 BOUNDED_METRICS = ("bias", "bias_dir", "cosine", "variance", "mse", "snr", "ess")
@@ -130,29 +145,6 @@ def effective_sample_size(n: int, abs_mean: float, sq_mean: float) -> float:
     return n * abs_mean**2 / sq_mean if sq_mean > 0 else 0.0
 
 
-def khat_of_weights(weights) -> float:
-    """Pareto-smoothed importance-sampling k̂ of non-negative ``weights`` (S,).
-
-    Vehtari et al., "Pareto smoothed importance sampling", JMLR 2024: k̂ < 0.5 finite variance,
-    0.5–0.7 usable, > 0.7 unreliable. Delegates to :func:`simkit.mappings.psis.psis_khat` (on
-    log-weights, so zeros need care): zero weights are given the log-weight max − 1000, which
-    PSIS treats exactly as a zero (exp underflows) and which stays out of the fitted tail unless
-    fewer than the tail's M draws are positive. Conventions of ``psis_khat``: −inf when the
-    largest draws are all equal (bounded weights with few distinct values, e.g. a small bandit:
-    no tail), +inf with fewer than 25 draws; NaN here when every weight is 0.
-    """
-    w = np.asarray(weights, dtype=np.float64).ravel()
-    if w.size == 0 or np.any(w < 0) or not np.all(np.isfinite(w)):
-        raise ValueError("khat_of_weights needs a non-empty array of finite non-negative weights")
-    positive = w > 0
-    if not positive.any():
-        return math.nan
-    log_w = np.empty_like(w)
-    log_w[positive] = np.log(w[positive])
-    log_w[~positive] = log_w[positive].max() - 1000.0
-    return float(psis_khat(log_w))
-
-
 def _vectors(mean, grad_J):
     mean = np.asarray(mean, dtype=np.float64)
     grad_J = np.asarray(grad_J, dtype=np.float64)
@@ -177,7 +169,9 @@ class ExactMoments:
     ess: float
 
 
-def exact_moments(env, behaviour, estimator, n: int, params: str = "untied") -> ExactMoments:
+def exact_moments(
+    env, behaviour, estimator, n: int, params: str = "untied", old=None
+) -> ExactMoments:
     """E ĝ, Var ĝ and ESS of an n-sample estimator by enumeration of the support (exact).
 
     Needs an exact path (:func:`has_exact_path`: a per-sample estimator, a deterministic Z and
@@ -203,26 +197,38 @@ def exact_moments(env, behaviour, estimator, n: int, params: str = "untied") -> 
     own D = T·P·V parameters); ``"tied"`` — one table shared by every position, whose gradient
     is the sum of the per-position blocks (:func:`tie`): E h and ∇J are summed over positions
     and ‖h‖² is taken of the summed per-atom vector (cross-position terms included).
+
+    ``old``: π_old (shape of ``behaviour``; None: π_old = π) for a composed estimator
+    (:mod:`simkit.composition`): each atom's o_t = log π_old − log μ (:mod:`simkit.legs`) is
+    known, so the exact path is unchanged.
     """
     est = as_estimator(estimator)
     params = _check_params(params)
-    why = _why_not_exact(est, env)
+    why = _why_not_exact(est, env, params)
     if why:
         kind = "is not per-sample" if not est.per_sample else "has no exact path"
         raise ValueError(f"estimator {est.name!r} {kind}: {why}")
     est.check_batch_size(n)
     mu = env.check_policy(behaviour, "behaviour")
+    if not _enumerable(env):  # beyond enumeration: the moment DP (untied parameters, π_old = π)
+        if old is not None:
+            raise ValueError(
+                "old (π_old) is not supported beyond enumeration: the moment DP handles one "
+                f"ratio π/μ; the environment has {env.n_sequences} sequences"
+            )
+        return _dp_moments(env, mu, est, n)
     baseline = oracle_baseline(env, mu, est)
     atoms = env.support(mu, baseline)
     mask = np.asarray(atoms.mask, dtype=bool)  # (M, T)
-    c = est.mapping.coefficients(atoms.log_ratio, mask, atoms.advantage_sign)
+    old_lr = _old_log_ratio(env, old, mu, atoms)
+    c = est.coefficients(atoms.log_ratio, mask, atoms.advantage_sign, old_log_ratio=old_lr)
     bad = int(np.count_nonzero(~np.isfinite(c[mask])))
     if bad:
         raise ValueError(
             f"estimator {est.name!r}: mapping {est.mapping.name!r} returned non-finite "
             f"coefficients (NaN/inf) on {bad} tokens of the support"
         )
-    per_token = c * est.aggregation_weights(mask[:, None, :])[:, 0, :]  # c_t·a_t, (M, T)
+    per_token = c * _atom_weights(est, atoms, mask, old_lr)  # c_t·a_t, (M, T)
     first = env.accumulate(atoms.actions, per_token * atoms.adv_first[:, None])  # E h, (D,)
     if params == "tied":
         first = tie(first, env.T)
@@ -236,6 +242,24 @@ def exact_moments(env, behaviour, estimator, n: int, params: str = "untied") -> 
     )
     ess = ess / mean_length if mean_length > 0 else 0.0
     return ExactMoments(mean=first, variance=var_one / n, ess=ess)
+
+
+def _old_log_ratio(env, old, mu, draws):
+    """o = log π_old − log μ on the tokens of a batch or support (None without ``old``)."""
+    if old is None:
+        return None
+    states = getattr(draws, "states", None)
+    return legs.old_log_ratio(env, old, mu, draws.actions, draws.mask, states)
+
+
+def _atom_weights(est, atoms, mask, old_lr) -> np.ndarray:
+    """a_t = n/Z_i of each atom seen as a batch of one, (M, T) (``denominator`` included)."""
+    return est.kept_weights(
+        atoms.log_ratio[:, None, :],
+        mask[:, None, :],
+        atoms.advantage_sign[:, None],
+        None if old_lr is None else old_lr[:, None, :],
+    )[:, 0, :]
 
 
 def oracle_baseline(env, mu, estimator) -> float:
@@ -306,6 +330,14 @@ def has_exact_path(env, estimator) -> bool:
     return not _why_not_exact(as_estimator(estimator), env)
 
 
+def _dp_moments(env, mu, est: Estimator, n: int) -> ExactMoments:
+    """Exact moments by the token-MDP DP (:mod:`simkit.envs.token_moments`), any T."""
+    m = dp_moments(
+        env, mu, est.mapping, oracle_baseline(env, mu, est), est.aggregation, est.max_length
+    )
+    return ExactMoments(mean=m.mean, variance=m.variance(n), ess=m.ess(n))
+
+
 @dataclass(frozen=True)
 class MonteCarloDraws:
     """Per-repetition results of an estimator on ``reps`` batches.
@@ -319,15 +351,23 @@ class MonteCarloDraws:
     mask: np.ndarray
 
 
-def sample_gradients(env, batch, estimator) -> MonteCarloDraws:
+def sample_gradients(env, batch, estimator, old_log_ratio=None, rng=None) -> MonteCarloDraws:
     """ĝ_r = ``env.accumulate(actions_r, λ_r)`` for every batch r of ``batch`` (reps, n, …).
 
-    Raises ``ValueError`` naming the estimator if its mapping returns a non-finite coefficient.
+    ``old_log_ratio`` (reps, n, T): log π_old − log μ of the drawn tokens (composed
+    estimators); ``rng``: the Generator of a stochastic mapping. Raises ``ValueError`` naming
+    the estimator if its mapping returns a non-finite coefficient.
     """
     est = as_estimator(estimator)
     b = est.baseline(batch.J, batch.J_mu) if est.advantage in ORACLE_ADVANTAGES else None
     lam, c = est.token_weights(
-        batch.log_ratio, batch.mask, batch.rewards, b, return_coefficients=True
+        batch.log_ratio,
+        batch.mask,
+        batch.rewards,
+        b,
+        return_coefficients=True,
+        old_log_ratio=old_log_ratio,
+        rng=rng,
     )
     mask = np.asarray(batch.mask, dtype=bool)
     bad = int(np.count_nonzero(~np.isfinite(c[mask])))
@@ -491,31 +531,48 @@ def exact_metrics(moments: ExactMoments, grad_J) -> dict[str, float]:
     return out
 
 
-def _why_not_exact(est: Estimator, env=None) -> str:
-    """Why ``est`` has no exact path on ``env`` ('' if it has one)."""
+def _why_not_exact(est: Estimator, env=None, params: str = "untied") -> str:
+    """Why ``est`` has no exact path on ``env`` ('' if it has one: enumeration or DP)."""
     reasons = []
     if est.mapping.batch_dependent:
         reasons.append(f"mapping {est.mapping.name!r} is batch dependent")
     if est.advantage not in PER_SAMPLE_ADVANTAGES:
         reasons.append(f"advantage {est.advantage!r} couples the samples of a group")
+    reasons.extend(est.exact_obstacles())
     if env is not None:
         if est.aggregation == "token-mean" and not getattr(env, "fixed_length", True):
             reasons.append(
                 "aggregation 'token-mean' divides by the batch's total number of tokens, which "
                 "is random when lengths vary (eos)"
             )
-        enumerable = getattr(env, "enumerable", None)
-        if enumerable is not None and not enumerable():
-            reasons.append(
-                f"the environment has {env.n_sequences} sequences, more than the enumeration budget"
-            )
+        if not reasons and not _enumerable(env):
+            if params != "untied":
+                why_dp = "the moment DP is for untied parameters"
+            elif est.correction is not None or est.denominator != "valid":
+                why_dp = "the moment DP handles one ratio π/μ (no correction, denominator 'valid')"
+            else:
+                why_dp = dp_applies(env, est.mapping, est.aggregation)
+            if why_dp:
+                reasons.append(
+                    f"the environment has {env.n_sequences} sequences, more than the enumeration "
+                    f"budget, and {why_dp}"
+                )
     return " and ".join(reasons)
+
+
+def _enumerable(env) -> bool:
+    enumerable = getattr(env, "enumerable", None)
+    return enumerable is None or bool(enumerable())
 
 
 # --- the runner -----------------------------------------------------------------------------
 
 _RESERVED = (
     "estimator",
+    "correction",
+    "mode",
+    "denominator",
+    *legs.LEG_COLUMNS,
     "mapping",
     "aggregation",
     "advantage",
@@ -530,6 +587,8 @@ _RESERVED = (
     *BOUNDED_METRICS,
     "khat",
     "exact",
+    "reliable",
+    "tail_draws",
     *(f"{k}_{s}" for k in BOUNDED_METRICS for s in ("lo", "hi")),
 )
 
@@ -547,6 +606,7 @@ def run(
     n_boot: int = 1000,
     progress: bool | None = None,
     params: str = "untied",
+    old=None,
 ) -> pd.DataFrame:
     """Bias / variance table of ``estimators`` for n-sample batches drawn from ``behaviour``.
 
@@ -569,6 +629,11 @@ def run(
         environment's D) or ``"tied"`` (w.r.t. one table shared by every position: every
         gradient — ĝ_r, E ĝ, ∇J — is the sum of its per-position blocks, :func:`tie`). The
         bandit has T = 1, where both are the same. Recorded in the ``params`` column.
+    old : π_old's distribution (the shape of ``behaviour``), optional. Default None: π_old = π
+        (no staleness; every table as without this argument). Composed estimators (an
+        ``Estimator`` with a ``correction``) then see both legs, exactly wherever the path is
+        exact; estimators without a correction ignore it. Adds the columns
+        :data:`simkit.legs.LEG_COLUMNS` (χ²/KL of π‖π_old and π_old‖μ).
 
     Returns
     -------
@@ -578,7 +643,11 @@ def run(
     ``hp_`` if the name clashes with a column), the ``setting`` columns, ``T``, ``params``,
     ``n``, ``reps``,
     ``chi2_tok`` … ``tv_seq``, the metrics (module docstring) with ``*_lo``/``*_hi`` bounds (NaN
-    on exact rows), ``khat`` and ``exact``.
+    on exact rows), ``khat``, ``exact``, ``reliable`` (False when a Monte Carlo row's intervals
+    cannot be trusted — heavy or unseen tails; always True on exact rows; the rule and its
+    references are in :mod:`simkit.reliability`) and ``tail_draws`` (that rule's exact ν, the
+    expected number of draws in the tail carrying E c̄²; NaN on exact rows and where it cannot
+    be computed).
     """
     ests = _coerce_estimators(estimators)
     mu = env.check_policy(behaviour, "behaviour")
@@ -601,7 +670,7 @@ def run(
     for est in ests:
         est.check_batch_size(n)
     if exact is True:
-        why = {e.name: _why_not_exact(e, env) for e in ests}
+        why = {e.name: _why_not_exact(e, env, params) for e in ests}
         bad = [f"{name!r} ({reason})" for name, reason in why.items() if reason]
         if bad:
             raise ValueError(
@@ -609,11 +678,17 @@ def run(
                 + "; ".join(bad)
                 + ". Use exact='auto' to run them by Monte Carlo."
             )
-    use_exact = [exact is not False and not _why_not_exact(e, env) for e in ests]
+    use_exact = [exact is not False and not _why_not_exact(e, env, params) for e in ests]
+    if old is not None and not _enumerable(env):  # the moment DP has no π_old leg
+        use_exact = [False] * len(ests)
 
     check_samples(reps, n, env.T)  # the batches are drawn at once: refuse what cannot fit
-    draw_ss, boot_ss = np.random.SeedSequence(check_seed(seed)).spawn(2)
+    old_p = None if old is None else legs.check_old(env, old)
+    # a third child for stochastic mappings (children 0 and 1 are those of spawn(2))
+    draw_ss, boot_ss, coef_ss = np.random.SeedSequence(check_seed(seed)).spawn(3)
     batch = env.sample(mu, n, np.random.default_rng(draw_ss), reps=reps)
+    old_lr = _old_log_ratio(env, old_p, mu, batch)
+    leg_columns = {} if old_p is None else legs.leg_divergences(env, old_p, mu)
     boot_weights = None
     if not all(use_exact):
         boot_weights = _bootstrap_weights(reps, n_boot, np.random.default_rng(boot_ss))
@@ -629,13 +704,15 @@ def run(
 
     rows = []
     for est, is_exact in tqdm(list(zip(ests, use_exact)), desc="estimators", disable=not progress):
-        draws = sample_gradients(env, batch, est)
+        draws = sample_gradients(env, batch, est, old_lr, np.random.default_rng(coef_ss))
         if params == "tied":
             draws = MonteCarloDraws(tie(draws.gradients, env.T), draws.coefficients, draws.mask)
         if is_exact:
-            metrics = exact_metrics(exact_moments(env, mu, est, n, params), grad_J)
+            metrics = exact_metrics(exact_moments(env, mu, est, n, params, old=old_p), grad_J)
+            trusted, nu = True, math.nan
         else:
             metrics = monte_carlo_metrics(draws, grad_J, n, boot_weights, level)
+            trusted, nu = _reliability(env, mu, est, draws.gradients, grad_J, n)
         coeff = np.abs(draws.coefficients[draws.mask])
         rows.append(
             {
@@ -646,12 +723,25 @@ def run(
                 "n": n,
                 "reps": reps,
                 **divergences,
+                **leg_columns,
                 **metrics,
                 "khat": khat_of_weights(coeff),
                 "exact": is_exact,
+                "reliable": trusted,
+                "tail_draws": nu,
             }
         )
     return _tidy(rows, ests, list(setting))
+
+
+def _reliability(env, mu, est: Estimator, gradients, grad_J, n: int) -> tuple[bool, float]:
+    """(``reliable``, ``tail_draws``) of a Monte Carlo row (:mod:`simkit.reliability`)."""
+    g = np.asarray(gradients)
+    dev_sq = np.sum((g - g.mean(axis=0)) ** 2, axis=1)
+    err_sq = np.sum((g - grad_J) ** 2, axis=1)
+    khat_err, share = reliability.draw_checks(dev_sq, err_sq)
+    nu = reliability.tail_draws(env, mu, est, g.shape[0] * n, oracle_baseline(env, mu, est))
+    return reliability.is_reliable(khat_err, share, nu), nu
 
 
 def _coerce_estimators(estimators) -> list[Estimator]:
@@ -677,7 +767,18 @@ def _describe(est: Estimator) -> dict:
         "adv_eps": est.adv_eps if est.advantage == "grpo" else math.nan,
         "max_length": est.max_length if est.max_length is not None else math.nan,
         **{("hp_" + k if k in _RESERVED else k): v for k, v in est.mapping.hyperparameters.items()},
+        **_describe_composition(est),
     }
+
+
+def _describe_composition(est: Estimator) -> dict:
+    """``correction``, ``mode``, ``denominator`` columns, only for estimators that use them."""
+    out = {}
+    if est.correction is not None:
+        out.update(correction=est.correction.label, mode=est.mode)
+    if est.denominator != "valid":
+        out["denominator"] = est.denominator
+    return out
 
 
 def _tidy(rows: list[dict], ests: list[Estimator], setting_cols: list[str]) -> pd.DataFrame:
@@ -699,8 +800,11 @@ def _tidy(rows: list[dict], ests: list[Estimator], setting_cols: list[str]) -> p
     metric_cols = []
     for key in BOUNDED_METRICS:
         metric_cols += [key, f"{key}_lo", f"{key}_hi"]
+    present = {k for row in rows for k in row}
+    composition_cols = [k for k in ("correction", "mode", "denominator") if k in present]
     cols = [
         *head,
+        *composition_cols,
         *hp_cols,
         *setting_cols,
         "T",
@@ -708,9 +812,12 @@ def _tidy(rows: list[dict], ests: list[Estimator], setting_cols: list[str]) -> p
         "n",
         "reps",
         *DIVERGENCE_COLUMNS,
+        *[k for k in legs.LEG_COLUMNS if k in present],
         *metric_cols,
         "khat",
         "exact",
+        "reliable",
+        "tail_draws",
     ]
     return pd.DataFrame(rows).reindex(columns=cols)
 

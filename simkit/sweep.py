@@ -24,11 +24,12 @@ together on a new directory cannot both pass the check: the second one fails wit
 (it does not wait), or, once the first is done, is checked against the config it wrote.
 
 Re-running a sweep skips the cells that have an intact shard and retries the others (failed or
-never run). Every shard it would skip is verified first (:func:`verify_shard`: parquet footer
-readable, its ``cell`` column equal to the key, at least one row); a damaged one (truncated,
-zeroed by a careless disk) is deleted and recomputed, and the summary names it. Shards are
-written by the driver process (workers return tables), so a worker never touches the directory
-and a real cluster needs no shared filesystem.
+never run). Every shard it would skip is verified first (:func:`simkit.shards.verify_shard`:
+parquet footer readable, its ``cell`` column equal to the key, the expected number of rows, one
+per estimator or per training step); a damaged one (truncated, zeroed by a careless disk) is
+deleted and recomputed, and the summary names it. Shards are written by the driver process
+(workers return tables), so a worker never touches the directory and a real cluster needs no
+shared filesystem.
 
 :func:`run_sweep` runs a sweep, :func:`load_results` reads its table (sorted in expansion order,
 identical for every backend), :func:`load_failures` the cells whose last attempt failed and
@@ -55,23 +56,27 @@ import pandas as pd
 
 from simkit import config as _config
 from simkit._validation import check_output_dir
+from simkit.shards import (
+    CELLS_DIR,
+    SHARD_SUFFIX,
+    TMP_MARKER,
+    DamagedShardError,
+    SweepError,
+    check_shards,
+    expected_rows,
+    finished_keys,
+    fsync_dir,
+    read_shard,
+    shard_path,
+    verify_shard,
+    write_shard,
+    write_table,
+)
 
 BACKENDS = ("serial", "processes", "dask")
 CONFIG_FILE = "config.toml"
-CELLS_DIR = "cells"
 FAILURES_FILE = "failures.jsonl"
 LOCK_FILE = ".lock"
-SHARD_SUFFIX = ".parquet"
-#: temporary shards are ``<key>.parquet.tmp-<random>``: never matched by ``*.parquet``
-TMP_MARKER = ".tmp-"
-
-
-class SweepError(ValueError):
-    """A sweep directory cannot be used as asked (different config, busy, not a sweep dir…)."""
-
-
-class DamagedShardError(SweepError):
-    """A shard of a sweep directory cannot be read (torn, truncated or not the cell's)."""
 
 
 @dataclass(frozen=True)
@@ -187,92 +192,6 @@ def _check_table(table, key: str) -> None:
         raise TypeError(f"run_cell must return a non-empty DataFrame, got {type(table).__name__}")
     if "cell" not in table.columns or not (table["cell"] == key).all():
         raise ValueError(f"run_cell's table must have a column 'cell' equal to the key {key!r}")
-
-
-# --- paths and shards --------------------------------------------------------------------------
-
-
-def shard_path(out_dir, key: str) -> Path:
-    """``out_dir/cells/<key>.parquet``."""
-    return Path(out_dir) / CELLS_DIR / f"{key}{SHARD_SUFFIX}"
-
-
-def finished_keys(out_dir) -> set[str]:
-    """Keys of the cells of ``out_dir`` that have a shard (temporary files are not shards)."""
-    cells = Path(out_dir) / CELLS_DIR
-    if not cells.is_dir():
-        return set()
-    return {p.name[: -len(SHARD_SUFFIX)] for p in cells.glob(f"*{SHARD_SUFFIX}") if p.is_file()}
-
-
-def verify_shard(path, key: str) -> str | None:
-    """Why the shard ``path`` of cell ``key`` is damaged, or None if it is intact.
-
-    Reads the parquet footer and the ``cell`` column only (cheap): a truncated or zeroed file
-    has no footer ("magic bytes not found"), a shard whose rows are not all the cell's, or that
-    has no row, is not the cell's result.
-    """
-    import pyarrow.parquet as pq
-
-    try:
-        column = pq.read_table(path, columns=["cell"]).column("cell").to_pylist()
-    except Exception as exc:  # ArrowInvalid, OSError, KeyError (no 'cell' column)…
-        return f"{type(exc).__name__}: {exc}"
-    if not column:
-        return "it has no rows"
-    if any(v != key for v in column):
-        return f"its 'cell' column is not the key {key!r}"
-    return None
-
-
-def read_shard(path, key: str | None = None) -> pd.DataFrame:
-    """Read one shard; :class:`DamagedShardError` naming the file and what to do if it cannot."""
-    try:
-        return pd.read_parquet(path)
-    except Exception as exc:
-        raise DamagedShardError(
-            f"shard {path} is damaged and cannot be read ({type(exc).__name__}: {exc}); "
-            "re-run the same 'simkit sweep CONFIG --out DIR' (or 'simkit train CONFIG --out "
-            "DIR') command: it checks every shard and recomputes the damaged ones"
-        ) from None
-
-
-def write_shard(table: pd.DataFrame, out_dir, key: str) -> Path:
-    """Write ``table`` as ``cells/<key>.parquet`` atomically; return the path.
-
-    The bytes go to ``<key>.parquet.tmp-<random>`` in the same directory, are flushed and
-    fsynced, then ``os.replace`` renames the file (atomic on POSIX and Windows): a reader, or a
-    resume after a crash, sees either the complete shard or none.
-    """
-    final = shard_path(out_dir, key)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f"{final.name}{TMP_MARKER}{uuid.uuid4().hex[:12]}")
-    try:
-        with open(tmp, "wb") as fh:
-            table.to_parquet(fh, index=False, engine="pyarrow")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    _fsync_dir(final.parent)
-    return final
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a rename durable (POSIX); a no-op where directories cannot be opened."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _remove_stale_temporaries(out_dir) -> int:
@@ -399,7 +318,7 @@ def _prepare_directory(out_dir: Path, config, source: bytes | None) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
-    _fsync_dir(out_dir)
+    fsync_dir(out_dir)
 
 
 def _foreign_entries(out_dir: Path) -> list[str]:
@@ -419,23 +338,6 @@ def _check_not_foreign(out_dir: Path) -> None:
             f"{out_dir} is not empty and has no {CONFIG_FILE}: it is not a simkit sweep "
             "directory; choose a new or empty --out directory"
         )
-
-
-def _check_shards(out_dir: Path, keys) -> tuple[set[str], list[str]]:
-    """(keys with an intact shard, paths of the damaged shards, which are deleted)."""
-    done, damaged = set(), []
-    present = finished_keys(out_dir)
-    for key in keys:
-        if key not in present:
-            continue
-        path = shard_path(out_dir, key)
-        if verify_shard(path, key) is None:
-            done.add(key)
-        else:
-            damaged.append(str(path))
-            with contextlib.suppress(OSError):
-                path.unlink()
-    return done, damaged
 
 
 def _first_difference(old, new, path: str = "") -> str:
@@ -582,7 +484,7 @@ def run_sweep(
         _prepare_directory(out_dir, config, source)
         _remove_stale_temporaries(out_dir)
         (out_dir / CELLS_DIR).mkdir(exist_ok=True)
-        done, damaged = _check_shards(out_dir, keys)
+        done, damaged = check_shards(out_dir, cells)
         if damaged and progress:
             print(
                 f"sweep: {len(damaged)} damaged shard(s) will be recomputed: " + ", ".join(damaged),
@@ -632,7 +534,7 @@ def _check_out_dir(out_dir) -> None:
     try:
         check_output_dir(out_dir, "out_dir")
     except ValueError as err:
-        raise SweepError(str(err).replace("out_dir ", "--out ", 1)) from None
+        raise SweepError(str(err)) from None
 
 
 def _execute(cells, backend, workers, scheduler) -> Iterator[tuple[object, CellOutcome]]:
@@ -834,6 +736,7 @@ __all__ = [
     "check_backend",
     "concat_tables",
     "execute_cell",
+    "expected_rows",
     "finished_keys",
     "load_failures",
     "load_results",
@@ -845,4 +748,5 @@ __all__ = [
     "single_threaded_blas",
     "verify_shard",
     "write_shard",
+    "write_table",
 ]

@@ -283,15 +283,24 @@ def token_is_bias_bound_shape(T, delta_max, K=1.0):
 
 
 def length_trap_T(c, rho_bar):
-    """T* = log C / log ρ̄: the length beyond which sequence MIS (W ≤ C) rejects everything.
+    """T* = log C / log ρ̄: the length at which ρ̄^T reaches a mask threshold C.
 
-    rl-collapse (Liu, Li et al. 2025): if every token ratio is about ρ̄ > 1, then W ≈ ρ̄^T
-    exceeds the mask threshold C for T > T*. Reference sheet C: C = 5, ρ̄ = 1.001 ⇒ T* ≈ 1610.
+    rl-collapse (Liu, Li et al. 2025, part 3): if every token ratio is about ρ̄ > 1, then
+    W ≈ ρ̄^T exceeds the sequence-mask threshold C for T > T*. Reference sheet C: C = 5,
+    ρ̄ = 1.001 ⇒ T* ≈ 1610.
+
+    Which side of the ratio this concerns: ρ̄ must be the typical token ratio of sequences drawn
+    from **π**, ρ̄ = exp(E_π[log r_t]) = exp(KL(π‖μ)) per token (> 1 whenever π ≠ μ). Then T*
+    is where the median of W under π crosses C: beyond it the mask 1[W ≤ C] keeps less than
+    about half of π's probability mass, E_μ[W·1{W ≤ C}] = P_π(W ≤ C). It is **not** a length
+    beyond which μ's rollouts are rejected: under μ, E_μ[W] = 1, so P_μ(W > C) ≤ 1/C at every
+    T (Markov), and log W drifts *down* (E_μ[log r_t] = −KL(μ‖π) < 0). See
+    :mod:`simkit.figures.length_trap`.
 
     Parameters
     ----------
     c : float or array, > 1 (a mask threshold ≤ 1 rejects W = 1 already);
-    rho_bar : float or array, > 1 (the typical per-token ratio).
+    rho_bar : float or array, > 1 (the per-token geometric-mean ratio under π, e^KL(π‖μ)).
     """
     cap = np.asarray(c, dtype=np.float64)
     rho = np.asarray(rho_bar, dtype=np.float64)

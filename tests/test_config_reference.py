@@ -3,9 +3,13 @@ to tables saved before the configuration code was refactored (issue 14).
 
 Provenance: ``tests/data/quick_reference.parquet`` and ``tests/data/train_quick_reference.parquet``
 were written by ``run_cell`` over ``expand(load_config(...))`` (serial, every cell in expansion
-order, the ``simkit_version`` column dropped) at commit db15e9a (branch ``arch``, before the
-config package). They include the ``cell`` column, so the cell keys (content hashes of every
-cell's parameters) are checked too.
+order, the ``simkit_version`` column dropped) with the configuration code *before* the pydantic
+refactor: ``train_quick`` at commit db15e9a, ``quick`` on main at 1d2fb07 (after issue 12's
+BASELINE change, oracle = R − J(μ), and the ``params`` column) and rewritten at the merge of
+main into ``arch`` after 95ca35c, whose only changes to that table are issue 12's ``reliable`` and
+``tail_draws`` columns and its k̂ (NaN where no Pareto tail can be fitted); every other column,
+the ``cell`` keys included, was bit-identical to 1d2fb07's table. They include the ``cell``
+column, so the cell keys (content hashes of every cell's parameters) are checked too.
 
 The default advantage of both configs is ``"oracle"`` as it was in main at that commit. When the
 meaning of an advantage, an estimator or an environment changes on purpose (for example issue

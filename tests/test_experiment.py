@@ -296,7 +296,13 @@ def test_khat_of_weights():
     assert khat_of_weights(np.concatenate([w, np.zeros(1000)])) == pytest.approx(
         khat_of_weights(np.concatenate([w, np.full(1000, 1e-300)])), abs=1e-12
     )
-    assert khat_of_weights(np.ones(100)) == -math.inf  # bounded: no tail to fit
+    # no Pareto tail can be fitted: NaN, never ±inf
+    assert math.isnan(khat_of_weights(np.ones(100)))  # bounded, all equal
     assert math.isnan(khat_of_weights(np.zeros(100)))
+    assert math.isnan(khat_of_weights(w[:20]))  # fewer than 25 draws
+    # a discrete support (4 atoms, one rare): NaN whether or not the rare atom was drawn
+    atoms = rng.choice([0.5, 0.9, 1.3], size=800)
+    assert math.isnan(khat_of_weights(atoms))
+    assert math.isnan(khat_of_weights(np.append(atoms, 60.0)))
     with pytest.raises(ValueError, match="non-negative"):
         khat_of_weights(np.array([1.0, -1.0]))

@@ -35,6 +35,7 @@ EXPECTED = [
     "staleness_curves",
     "mismatch_curves",
     "collapse_map",
+    "collapse_regimes",
 ]
 
 
@@ -272,9 +273,30 @@ def test_render_writes_png_and_pdf(tmp_path, name):
 
 
 def test_bandit_draw_from_data(bandit_data, tmp_path):
+    from simkit.figures import _claims
+
     with style.context():
         fig = bandit_bias_variance.draw(bandit_data)
-    assert len(fig.axes) == 4
+    panels = [p for p in _claims.PANELS if (bandit_data.panel == p).any()]
+    axes = [ax for ax in fig.axes if ax.get_ylabel() or ax.get_xlabel() or ax.get_title()]
+    assert len(fig.axes) == len(bandit_bias_variance.METRICS) * len(panels) == 16
+    # naive and is_seq are drawn in every panel (as members or as references)
+    bias_row = fig.axes[: len(panels)]
+    for ax in bias_row:
+        labels = [line.get_label() for line in ax.get_lines()]
+        assert any(lab.startswith("naive") for lab in labels), labels
+        assert any(lab.startswith("is_seq") for lab in labels), labels
+    # is_seq's bias is exactly 0 at every χ²: no line segment (all NaN), markers on the floor
+    for ax in bias_row:
+        lines = [line for line in ax.get_lines() if line.get_label().startswith("is_seq")]
+        assert lines and all(np.isnan(np.asarray(line.get_ydata(), float)).all() for line in lines)
+        floor = [
+            line
+            for line in ax.get_lines()
+            if line.get_linestyle() == "None" and line.get_color() == style.color("is_seq")
+        ]
+        assert floor and len(np.unique(floor[0].get_ydata())) == 1
+    assert axes
     fig.savefig(tmp_path / "b.png", dpi=50)
     assert (tmp_path / "b.png").stat().st_size > 1000
 

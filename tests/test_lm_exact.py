@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from simkit import experiment as E  # noqa: E402
-from simkit.lm import exact, models, tasks  # noqa: E402
+from simkit.lm import exact, models, tasks, topk  # noqa: E402
 from simkit.lm import experiment as X  # noqa: E402
 
 Z = 5.0  # z of the stochastic checks
@@ -163,7 +163,7 @@ def test_monte_carlo_study_agrees_with_the_exact_tree():
     ex = exact.exact_study(model, task, "temperature:1.5", ests, k=k, T=T, n=8, reps=50)
     assert ex.table.exact.all() and 0.05 < ex.J < 0.95
     res = X.gradient_study(
-        exact.TopK(model, k),
+        topk.TopK(model, k),
         task,
         ests,
         behaviour="temperature:1.5",
@@ -238,8 +238,8 @@ def test_patched_closed_form_mc_study_equals_torch_func_study():
         n_pilot=8,
         max_new_tokens=4,
     )
-    a = X.gradient_study(exact.TopK(model, 3), task, ests, grad_method="vmap", **kw)
-    b = exact.mc_study(model, task, ests, 3, grad_method="head", **kw)
+    a = X.gradient_study(topk.TopK(model, 3), task, ests, grad_method="vmap", **kw)
+    b = topk.mc_study(model, task, ests, 3, grad_method="head", **kw)
     np.testing.assert_allclose(b.gradients, a.gradients, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(b.reference_samples, a.reference_samples, rtol=1e-5, atol=1e-6)
     # outside the block the study's scorer is the original again

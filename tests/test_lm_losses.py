@@ -31,15 +31,16 @@ EXTRA_VARIANTS = {
         {"eps_high": 1.0, "max_log_ratio": 0.1},
     ],
     "dual_clip": [{"c_dual": math.inf}, {"c_dual": 1.5, "max_log_ratio": 0.2}],
-    "dapo": [{"eps_high": 0.5}],
-    "gspo": [{"eps_low": math.inf, "eps_high": math.inf}, {"max_log_ratio": 0.05}],
+    "gspo": [
+        {"eps_low": math.inf, "eps_high": math.inf},
+        {"max_log_ratio": 0.05},
+        {"eps_low": 0.5, "eps_high": 0.5, "grad_log_cap": 0.05},
+    ],
     "gmpo": [{"eps_low": 0.1, "eps_high": 0.2}, {"eps_low": math.inf, "eps_high": math.inf}],
     "sapo": [{"tau_pos": 0.5, "tau_neg": 3.0}, {"max_log_ratio": 0.5}],
     "luffy": [{"gamma": 1.0}, {"max_log_ratio": 0.5}],
     "aspo": [{"c_dual": 1.5}, {"eps_low": 1.5, "eps_high": 0.1}],
     "cispo": [{"eps_low": 0.2, "eps_high": 0.2}, {"eps_high": math.inf}],
-    "tis_token": [{"c_low": 0.0, "c_high": math.inf}, {"c_high": 2.0, "max_log_ratio": 0.3}],
-    "tis_seq": [{"c": math.inf}, {"c": 1.0}],
     "mis_token": [{"c_low": 0.0, "c_high": math.inf}, {"c_low": 0.0}, {"c_high": math.inf}],
     "mis_seq": [{"c_low": 0.5, "c_high": 5.0}, {"c_low": 0.0, "c_high": math.inf}],
     "icepop": [{"c_low": 0.8, "c_high": 1.25}],
@@ -50,7 +51,29 @@ EXTRA_VARIANTS = {
     "vespo": [
         {"k_pos": 1.0, "lambda_pos": 1.0, "k_neg": 4.0, "lambda_neg": 0.5},
         {"max_log_ratio_tok": 0.5, "max_log_ratio_seq": 1.0},
+        {"min_log_ratio_seq": -0.3},
     ],
+    "kl_rs": [
+        {"criteria": "token_k2", "u": 0.05},
+        {"criteria": "token_k3", "u": 0.05},
+        {"criteria": "seq_sum_k2", "u": 0.5},
+        {"criteria": "seq_sum_k3", "u": 0.5},
+        {"criteria": "seq_mean_k2", "u": 0.05},
+        {"criteria": "seq_max_k2", "u": 0.3},
+        {"criteria": "seq_max_k3", "u": 0.3},
+        {"criteria": ("token_k3", "seq_mean_k2", "seq_max_k3"), "u": (0.2, 0.05, 2.0)},
+        {"criteria": "token_k3", "u": 0.5, "max_log_ratio": 0.4},
+    ],
+    "clip_cov": [{"ratio": 0.1, "lb": 0.0, "ub": 0.5}, {"ratio": 1.0, "lb": -0.2, "ub": 2.0}],
+    "kl_cov": [{"ratio": 0.1}, {"ratio": 0.5, "kappa": 0.3}, {"kappa": 0.0, "ratio": 0.2}],
+    "tis_token": [
+        {"c_low": 0.0, "c_high": math.inf},
+        {"c_high": 2.0, "max_log_ratio": 0.3},
+        {"batch_normalize": True},
+        {"batch_normalize": True, "c_low": 0.5, "c_high": 1.5},
+    ],
+    "tis_seq": [{"c": math.inf}, {"c": 1.0}, {"batch_normalize": True, "c": 3.0}],
+    "dapo": [{"eps_high": 0.5}, {"c_dual": 1.5}],
 }
 
 # Mappings whose torch loss is allowed to differ from −c·A/Z of the registry, with the reason
@@ -61,6 +84,18 @@ CONSISTENCY_EXCEPTIONS: dict[str, str] = {}
 ON_POLICY_EXCEPTIONS = {
     ("luffy", "paper"): "the paper's F = r/(r+γ) gives c(1) = γ/(1+γ)², a constant step factor",
 }
+# mappings whose on-policy torch gradient is not REINFORCE, with the reason: Clip-Cov detaches
+# high-covariance tokens of (A, log π) whatever the ratio (it is an entropy regulariser, not an
+# importance correction), so on-policy it still zeroes the selected tokens
+ON_POLICY_NOT_REINFORCE = {"clip_cov": "detaches tokens by cov(A, log π), also on-policy"}
+
+
+def registry_coefficients(mapping, lp, old, mask, adv):
+    """The numpy coefficients on the inputs of the torch loss (log π too where the mapping
+    reads it: clip_cov, kl_cov)."""
+    if mapping.uses_log_prob:
+        return mapping.coefficients(lp - old, mask, adv, log_prob=lp)
+    return mapping.coefficients(lp - old, mask, adv)
 
 
 def variants():
@@ -141,8 +176,14 @@ def test_gradient_equals_registry_coefficients(variant, agg):
     if name in CONSISTENCY_EXCEPTIONS:
         pytest.xfail(CONSISTENCY_EXCEPTIONS[name])
     old, lp, mask, adv = make_inputs()
-    c = mappings.get(name, preset=preset, **hp).coefficients(lp - old, mask, adv)
+    m = mappings.get(name, preset=preset, **hp)
+    c = registry_coefficients(m, lp, old, mask, adv)
     expected = -c * adv[:, None] * aggregation_weights(mask, agg)
+    if name == "kl_cov":
+        # the one gradient term with no c·A form (documented in KLCov): κ·sign(log r)/Z on a
+        # penalised token of a row with A = 0 (row 2 of these inputs)
+        sel = m.selected(lp - old, mask, adv, log_prob=lp) & (adv == 0)[:, None]
+        expected += m.kappa * np.sign(lp - old) * sel * aggregation_weights(mask, agg)
     _, grad, _ = torch_grad(name, lp, old, mask, adv, agg=agg, preset=preset, **hp)
     np.testing.assert_allclose(grad.numpy(), expected, rtol=RTOL, atol=1e-14)
 
@@ -152,7 +193,7 @@ def test_consistency_inputs_exercise_each_default_mapping(name):
     """The consistency test is not vacuous: on its inputs every default mapping's coefficient
     differs from plain REINFORCE (c = 1) somewhere and takes several values."""
     old, lp, mask, adv = make_inputs()
-    c = mappings.get(name).coefficients(lp - old, mask, adv)[mask]
+    c = registry_coefficients(mappings.get(name), lp, old, mask, adv)[mask]
     assert not np.allclose(c, 1.0)
     assert np.unique(np.round(c, 12)).size > 1
 
@@ -178,7 +219,7 @@ def test_surrogate_values_equal_the_registry_surrogates():
 def test_detached_values_are_weighted_log_likelihoods(name):
     """Detached losses: loss = −Σ (A/Z)·c·log π over valid tokens."""
     old, lp, mask, adv = make_inputs(seed=2)
-    c = mappings.get(name).coefficients(lp - old, mask, adv)
+    c = registry_coefficients(mappings.get(name), lp, old, mask, adv)
     expected = -(c * adv[:, None] * aggregation_weights(mask, "token-mean") * lp).sum()
     loss, _, _ = torch_grad(name, lp, old, mask, adv)
     assert loss.item() == pytest.approx(expected, rel=1e-12)
@@ -200,6 +241,12 @@ def test_on_policy_is_reinforce(variant):
     old, _, mask, adv = make_inputs(seed=3)
     _, grad, metrics = torch_grad(name, old, old, mask, adv, preset=preset, **hp)
     expected = reinforce_gradient(mask, adv)
+    if name in ON_POLICY_NOT_REINFORCE:
+        m = mappings.get(name, preset=preset, **hp)
+        detached = m.selected(np.zeros_like(old), mask, adv, log_prob=old)
+        assert detached.any()  # the exception is real on these inputs
+        np.testing.assert_allclose(grad.numpy(), np.where(detached, 0.0, expected), rtol=1e-12)
+        return
     if (name, preset) in ON_POLICY_EXCEPTIONS:
         gamma = mappings.get(name, preset=preset, **hp).gamma
         expected = expected * gamma / (1.0 + gamma) ** 2
@@ -470,6 +517,7 @@ def test_clip_fraction_matches_the_registry_coefficients():
         "opsm",
         "token_veto",
         "m2po",
+        "kl_rs",
     )
     for name in zeroed:
         c = mappings.get(name).coefficients(lr, mask, adv)
@@ -609,3 +657,129 @@ def test_loss_value_is_the_same_without_autograd(name):
     loss1, m1 = losses.policy_loss(name, args[0].clone().requires_grad_(True), *args[1:])
     assert loss0.item() == loss1.item() and not loss0.requires_grad
     assert m0 == pytest.approx(m1, nan_ok=True)
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+@pytest.mark.parametrize(
+    "name, hp",
+    [("kl_rs", {"criteria": "token_k3", "u": 0.05}), ("mis_token", {}), ("geo_mask", {})],
+)
+def test_kept_denominator_divides_by_the_surviving_tokens(name, hp, agg):
+    """``denominator="kept"`` (verl's legacy path): Z from the tokens the rejection keeps, the
+    numpy ``kept_mask`` fed to ``aggregation_weights``; ``"valid"`` is the default."""
+    old, lp, mask, adv = make_inputs(seed=21)
+    m = mappings.get(name, **hp)
+    c = m.coefficients(lp - old, mask, adv)
+    kept = m.kept_mask(lp - old, mask, adv)
+    assert 0 < kept.sum() < mask.sum()
+    x = torch.tensor(lp, requires_grad=True)
+    args = (torch.tensor(old), torch.tensor(adv), torch.tensor(mask))
+    loss, _ = losses.policy_loss(name, x, *args, agg=agg, denominator="kept", **hp)
+    loss.backward()
+    expected = -c * adv[:, None] * aggregation_weights(kept, agg)
+    np.testing.assert_allclose(x.grad.numpy(), expected, rtol=RTOL, atol=1e-14)
+
+
+def test_unknown_denominator_lists_the_valid_ones():
+    old, lp, mask, adv = make_inputs(seed=22)
+    args = (torch.tensor(lp), torch.tensor(old), torch.tensor(adv), torch.tensor(mask))
+    with pytest.raises(ValueError, match="valid denominators: valid, kept"):
+        losses.policy_loss("kl_rs", *args, denominator="surviving")
+
+
+def test_clip_cov_takes_its_subset_from_the_numpy_generator():
+    old, lp, mask, adv = make_inputs(seed=23)
+    args = (torch.tensor(old), torch.tensor(adv * 4), torch.tensor(mask))
+    m = mappings.get("clip_cov", ratio=0.05, lb=0.0, ub=50.0)
+    grads = []
+    for seed in (1, 1, 2):
+        x = torch.tensor(lp, requires_grad=True)
+        loss, _ = losses.policy_loss(m, x, *args, rng=np.random.default_rng(seed))
+        loss.backward()
+        grads.append(x.grad.numpy())
+        c = m.coefficients(lp - old, mask, adv * 4, log_prob=lp, rng=np.random.default_rng(seed))
+        expected = -c * (adv * 4)[:, None] * aggregation_weights(mask, "token-mean")
+        np.testing.assert_allclose(grads[-1], expected, rtol=RTOL, atol=1e-14)
+    np.testing.assert_array_equal(grads[0], grads[1])
+    assert not np.array_equal(grads[0], grads[2])
+
+
+def test_kl_cov_breaks_covariance_ties_by_position_like_numpy():
+    """Discrete log-probabilities (many equal covariances): the torch top-k and the numpy
+    top-k pick the same tokens (ties at the k-th value: first in row-major order)."""
+    rng = np.random.default_rng(24)
+    old = -rng.integers(1, 3, (40, 6)).astype(float)
+    lp = old + rng.choice([-0.5, 0.0, 0.5], (40, 6))
+    mask = np.ones(lp.shape, bool)
+    adv = rng.choice([-1.0, 1.0], 40)
+    m = mappings.get("kl_cov", ratio=0.1)
+    sel = m.selected(lp - old, mask, adv, log_prob=lp)
+    cov = mappings.covariance.token_covariance(adv, lp, mask)
+    kth = np.sort(cov.ravel())[::-1][sel.sum() - 1]
+    assert (cov == kth).sum() > 1  # the test has ties at the boundary
+    expected = -registry_coefficients(m, lp, old, mask, adv) * adv[:, None] / mask.sum()
+    _, grad, _ = torch_grad(m, lp, old, mask, adv)
+    np.testing.assert_allclose(grad.numpy(), expected, rtol=RTOL, atol=1e-14)
+
+
+COMPOSED = [
+    ("ppo_clip", "tis_token", "decoupled", {}),
+    ("dapo", "mis_token", "decoupled", {}),
+    ("gspo", "kl_rs", "decoupled", {"denominator": "kept"}),
+    ("kl_cov", "tis_seq", "decoupled", {}),
+    ("naive", "is_seq", "bypass", {}),
+    ("ppo_clip", "geo_mask", "bypass", {"denominator": "kept"}),
+    ("vespo", "tis_token", "trl_vespo", {}),
+    ("vespo", "icepop", "trl_vespo", {}),
+]
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+@pytest.mark.parametrize("mapping, correction, mode, extra", COMPOSED, ids=str)
+def test_composed_loss_gradient_equals_the_composed_estimator(
+    mapping, correction, mode, extra, agg
+):
+    """policy_loss(..., correction=, mode=, rollout_log_prob=): ∂loss/∂log π = −c·A/Z with c and
+    1/Z of ``Estimator(mapping, correction=…, mode=…)`` (simkit.composition)."""
+    from simkit.estimators import Estimator
+
+    rng = np.random.default_rng(31)
+    old, lp, mask, adv = make_inputs(seed=30)
+    adv[adv == 0] = 0.5  # kl_cov's penalty has no c·A form at A = 0 (tested elsewhere)
+    rollout = old - rng.normal(0.0, 0.3, old.shape)  # log μ; old is log π_old
+    if mode == "bypass":
+        rollout = old  # π_old := μ
+    est = Estimator(mapping, correction=correction, mode=mode, aggregation=agg, **extra)
+    ell, o = lp - rollout, old - rollout  # log π − log μ, log π_old − log μ
+    c = est.coefficients(ell, mask, adv, o, log_prob=lp)
+    expected = -c * adv[:, None] * est.kept_weights(ell, mask, adv, o)
+    x = torch.tensor(lp, requires_grad=True)
+    loss, _ = losses.policy_loss(
+        mapping,
+        x,
+        torch.tensor(old),
+        torch.tensor(adv),
+        torch.tensor(mask),
+        agg=agg,
+        correction=correction,
+        mode=mode,
+        rollout_log_prob=None if mode == "bypass" else torch.tensor(rollout),
+        **extra,
+    )
+    loss.backward()
+    np.testing.assert_allclose(x.grad.numpy(), expected, rtol=RTOL, atol=1e-14)
+
+
+def test_composed_loss_bad_input():
+    old, lp, mask, adv = make_inputs(seed=32)
+    args = (torch.tensor(lp), torch.tensor(old), torch.tensor(adv), torch.tensor(mask))
+    with pytest.raises(ValueError, match="needs rollout_log_prob"):
+        losses.policy_loss("ppo_clip", *args, correction="tis_token")
+    with pytest.raises(ValueError, match="no rollout_log_prob"):
+        losses.policy_loss(
+            "ppo_clip", *args, correction="tis_token", mode="bypass", rollout_log_prob=args[1]
+        )
+    with pytest.raises(ValueError, match="pass correction"):
+        losses.policy_loss("ppo_clip", *args, rollout_log_prob=args[1])
+    with pytest.raises(ValueError, match="valid modes"):
+        losses.policy_loss("ppo_clip", *args, correction="tis_token", mode="nope")

@@ -47,8 +47,17 @@ CANONICAL = [
     "m2po",
     "topr",
     "vespo",
+    "kl_rs",
+    "clip_cov",
+    "kl_cov",
 ]
 ALL = available()
+#: mappings whose coefficient reads the advantage's value, not only its sign (reason: the
+#: token covariance (A − mean A)(log π − mean log π) selects the tokens; kl_cov's penalty
+#: gradient κ·sign(log r) is written as c·A with c = r − κ·sign(log r)/A)
+READS_ADVANTAGE_VALUE = {"clip_cov", "kl_cov"}
+#: mappings whose coefficient may be negative (kl_cov: c = r − κ·sign(log r)/A)
+SIGNED = {"kl_cov"}
 SCALAR = [n for n in ALL if issubclass(mapping_class(n), ScalarMapping)]
 WITH_HYPERPARAMETERS = [n for n in ALL if dataclasses.fields(mapping_class(n))]
 RTOL = 1e-12
@@ -150,8 +159,9 @@ def test_required_presets_and_paper_defaults():
 
 
 def test_levels_and_batch_dependence():
-    assert {n for n in ALL if mapping_class(n).batch_dependent} == {"snis", "psis", "m2po"}
-    assert {n for n in ALL if mapping_class(n).level == "batch"} == {"snis", "psis", "m2po"}
+    batch = {"snis", "psis", "m2po", "clip_cov", "kl_cov"}
+    assert {n for n in ALL if mapping_class(n).batch_dependent} == batch
+    assert {n for n in ALL if mapping_class(n).level == "batch"} == batch
     geometric = {n for n in SCALAR if mapping_class(n).ratio_kind == "geometric"}
     assert geometric == {"gspo", "geo_mask", "opsm"}
     for name in SCALAR:
@@ -180,15 +190,20 @@ INVALID = {
     "soft_shrink": [("lam", -0.1), ("lam", 1.01)],
     "ppo_clip": [("eps_low", -0.1), ("eps_high", -1e-3)],
     "dual_clip": [("c_dual", 1.0), ("c_dual", 0.5)],
-    "dapo": [("eps_high", -0.28)],
-    "gspo": [("eps_low", -3e-4)],
+    "dapo": [("eps_high", -0.28), ("c_dual", 1.0)],
+    "gspo": [("eps_low", -3e-4), ("grad_log_cap", 0.0)],
     "gmpo": [("eps_low", -0.4), ("eps_high", -1.0)],
     "sapo": [("tau_pos", 0.0), ("tau_neg", -1.05), ("tau_pos", math.inf)],
     "luffy": [("gamma", 0.0), ("normalize", 1.5), ("normalize", "yes")],
     "aspo": [("c_dual", 1.0), ("c_dual", math.inf), ("eps_high", -0.2)],
     "cispo": [("eps_high", -0.5), ("eps_low", -1.0)],
-    "tis_token": [("c_high", 0.5), ("c_low", 1.5), ("c_low", -0.1)],
-    "tis_seq": [("c", 0.9)],
+    "tis_token": [
+        ("c_high", 0.5),
+        ("c_low", 1.5),
+        ("c_low", -0.1),
+        ("batch_normalize", "yes"),
+    ],
+    "tis_seq": [("c", 0.9), ("batch_normalize", 1)],
     "mis_token": [("c_low", 2.0), ("c_high", 0.99)],
     "mis_seq": [("c_high", 0.5), ("c_low", -1.0)],
     "icepop": [("c_high", 0.8)],
@@ -201,7 +216,26 @@ INVALID = {
         ("lambda_neg", -2.0),
         ("max_log_ratio_tok", 0.0),
         ("max_log_ratio_seq", 1e4),
+        ("min_log_ratio_seq", 0.0),
     ],
+    "kl_rs": [
+        ("criteria", "seq_mean_k1"),
+        ("criteria", ()),
+        ("criteria", ("token_k2", "bogus")),
+        ("u", 0.0),
+        ("u", -0.01),
+        ("u", (0.1, 0.0)),
+        ("max_log_ratio", 0.0),
+    ],
+    "clip_cov": [
+        ("ratio", 0.0),
+        ("ratio", 1.5),
+        ("ratio", -2e-4),
+        ("lb", math.nan),
+        ("ub", 0.5),
+        ("eps_high", -0.2),
+    ],
+    "kl_cov": [("ratio", 0.0), ("ratio", 2.0), ("kappa", -1.0)],
 }
 
 
@@ -285,10 +319,11 @@ def test_finite_for_extreme_log_ratios(name, pattern):
     }[pattern]
     c = get(name).coefficients(lr, mask, adv)
     assert c.shape == mask.shape
-    assert np.all(np.isfinite(c)) and np.all(c >= 0)
+    assert np.all(np.isfinite(c))
+    assert name in SIGNED or np.all(c >= 0)
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", [n for n in ALL if n not in READS_ADVANTAGE_VALUE])
 @settings(max_examples=25, deadline=None)
 @given(data=st.data())
 def test_coefficients_depend_on_advantages_only_through_sign(name, data):
@@ -303,6 +338,16 @@ def test_coefficients_depend_on_advantages_only_through_sign(name, data):
     c_sign = m.coefficients(lr, mask, np.where(signs >= 0, 1.0, -1.0))
     c_scaled = m.coefficients(lr, mask, np.where(signs == 0, 0.0, signs * magnitudes))
     np.testing.assert_array_equal(c_scaled, c_sign)
+
+
+@pytest.mark.parametrize("name", sorted(READS_ADVANTAGE_VALUE))
+def test_the_listed_exceptions_do_read_the_advantage_value(name):
+    lr, mask, adv = random_batch(8, N=40, T=9, scale=0.6)
+    hyper = {"ratio": 0.05, "lb": 0.0, "ub": 50.0} if name == "clip_cov" else {"ratio": 0.05}
+    m = get(name, **hyper)
+    a = m.coefficients(lr, mask, np.sign(adv))
+    b = m.coefficients(lr, mask, adv * np.exp(np.arange(40) / 10.0))
+    assert not np.array_equal(a, b)
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -450,10 +495,102 @@ def _m2po_ref(m, lr, mask, adv):
 
 def _vespo(m, valid, positive):
     log_w = sum(min(max(x, -m.max_log_ratio_tok), m.max_log_ratio_tok) for x in valid)
-    log_w = min(max(log_w, -m.max_log_ratio_seq), m.max_log_ratio_seq)
+    log_w = min(max(log_w, m.min_log_ratio_seq), m.max_log_ratio_seq)
     k, lam = (m.k_pos, m.lambda_pos) if positive else (m.k_neg, m.lambda_neg)
     W = math.exp(log_w)
     return W**k * math.exp(lam * (1.0 - W))
+
+
+def _kl_rs_ref(m, lr, mask, adv):
+    """verl's compute_rollout_rejection_mask, per element (k2 = ½x², k3 = e^x − 1 − x)."""
+    k = {"k2": lambda x: 0.5 * x * x, "k3": lambda x: math.exp(x) - 1.0 - x}
+    c = np.zeros(lr.shape)
+    for i in range(lr.shape[0]):
+        xs = [
+            min(max(float(lr[i, t]), -m.max_log_ratio), m.max_log_ratio) for t in range(lr.shape[1])
+        ]
+        valid = [t for t in range(lr.shape[1]) if mask[i, t]]
+        keep = {t: True for t in valid}
+        for crit, u in m.rules:
+            ks = {t: k[crit[-2:]](xs[t]) for t in valid}
+            if crit.startswith("token_"):
+                for t in valid:
+                    keep[t] = keep[t] and ks[t] <= u
+                continue
+            values = list(ks.values())
+            if crit.startswith("seq_sum"):
+                stat = sum(values)
+            elif crit.startswith("seq_mean"):
+                stat = sum(values) / len(values) if values else 0.0
+            else:
+                stat = max(values) if values else 0.0
+            for t in valid:
+                keep[t] = keep[t] and stat <= u
+        for t in valid:
+            c[i, t] = 1.0 if keep[t] else 0.0
+    return c
+
+
+def _cov_ref(lr, mask, adv):
+    cells = [(i, t) for i in range(lr.shape[0]) for t in range(lr.shape[1]) if mask[i, t]]
+    if not cells:
+        return {}, cells
+    mean_a = sum(adv[i] for i, _ in cells) / len(cells)
+    mean_lp = sum(lr[i, t] for i, t in cells) / len(cells)
+    return {(i, t): (adv[i] - mean_a) * (lr[i, t] - mean_lp) for i, t in cells}, cells
+
+
+def _clip_cov_ref(m, lr, mask, adv):
+    """verl's compute_policy_loss_clip_cov (log π stood in by the log-ratio), per element; the
+    random subset is ``default_rng(0).choice`` (without replacement) of the candidates in
+    row-major order."""
+    cov, cells = _cov_ref(lr, mask, adv)
+    c = np.zeros(lr.shape)
+    cand = []
+    for i, t in cells:
+        r = math.exp(lr[i, t])
+        c[i, t] = _ppo(m, r, adv[i] >= 0)
+        clipped = (adv[i] > 0 and r > 1 + m.eps_high) or (adv[i] < 0 and r < 1 - m.eps_low)
+        if not clipped and m.lb < cov[i, t] < m.ub:
+            cand.append((i, t))
+    if cand:
+        num = max(int(m.ratio * len(cells)), 1)
+        for j in np.random.default_rng(0).choice(len(cand), min(num, len(cand)), replace=False):
+            c[cand[j]] = 0.0
+    return c
+
+
+def _kl_cov_ref(m, lr, mask, adv):
+    """verl's compute_policy_loss_kl_cov: gradient weight A·r − κ·sign(log r) on the top-k."""
+    cov, cells = _cov_ref(lr, mask, adv)
+    c = np.zeros(lr.shape)
+    for i, t in cells:
+        c[i, t] = math.exp(lr[i, t])
+    if cells:
+        k = max(1, int(len(cells) * m.ratio))
+        top = sorted(range(len(cells)), key=lambda j: (-cov[cells[j]], j))[:k]
+        for j in top:
+            i, t = cells[j]
+            if adv[i] != 0:
+                c[i, t] -= m.kappa * float(np.sign(lr[i, t])) / adv[i]
+    return c
+
+
+def _tis_token_ref(m, lr, mask, adv):
+    c = _tok_ref(lambda m, r, p: min(max(r, m.c_low), m.c_high))(m, lr, mask, adv)
+    if m.batch_normalize and mask.any():
+        mean = sum(c[mask]) / mask.sum()
+        c = c / mean if mean > 1e-8 else c
+    return c
+
+
+def _tis_seq_ref(m, lr, mask, adv):
+    c = _seq_ref(lambda m, v, p: min(math.exp(sum(v)), m.c))(m, lr, mask, adv)
+    rows = [i for i in range(lr.shape[0]) if mask[i].any()]
+    if m.batch_normalize and rows:
+        mean = sum(c[i][mask[i]][0] for i in rows) / len(rows)
+        c = c / mean if mean > 1e-8 else c
+    return c
 
 
 REFERENCE = {
@@ -469,14 +606,16 @@ REFERENCE = {
     "ppo_clip": _tok_ref(_ppo),
     "dual_clip": _tok_ref(_ppo),
     "dapo": _tok_ref(_ppo),
-    "gspo": _seq_ref(lambda m, v, p: _ppo(m, math.exp(_mean(v)), p)),
+    "gspo": _seq_ref(
+        lambda m, v, p: _ppo(m, math.exp(_mean(v)), p) if _mean(v) <= m.grad_log_cap else 0.0
+    ),
     "gmpo": _gmpo_ref,
     "sapo": _tok_ref(_sapo),
     "luffy": _tok_ref(_luffy),
     "aspo": _tok_ref(_aspo),
     "cispo": _tok_ref(lambda m, r, p: min(max(r, 1 - m.eps_low), 1 + m.eps_high)),
-    "tis_token": _tok_ref(lambda m, r, p: min(max(r, m.c_low), m.c_high)),
-    "tis_seq": _seq_ref(lambda m, v, p: min(math.exp(sum(v)), m.c)),
+    "tis_token": _tis_token_ref,
+    "tis_seq": _tis_seq_ref,
     "mis_token": _tok_ref(lambda m, r, p: r if m.c_low <= r <= m.c_high else 0.0),
     "icepop": _tok_ref(lambda m, r, p: r if m.c_low <= r <= m.c_high else 0.0),
     "mis_seq": _seq_ref(
@@ -488,6 +627,9 @@ REFERENCE = {
     "m2po": _m2po_ref,
     "topr": _seq_ref(lambda m, v, p: 1.0 if p else min(math.exp(sum(v)), 1.0)),
     "vespo": _seq_ref(_vespo),
+    "kl_rs": _kl_rs_ref,
+    "clip_cov": _clip_cov_ref,
+    "kl_cov": _kl_cov_ref,
 }
 
 #: non-default settings also checked against the reference (exercise every branch)
@@ -497,6 +639,7 @@ VARIANTS = [
     ("ppo_clip", {"eps_low": 0.1}),
     ("dual_clip", {"c_dual": 1.3}),
     ("gspo", {"eps_low": 0.1, "eps_high": 0.05}),
+    ("gspo", {"eps_low": 0.5, "eps_high": 0.5, "grad_log_cap": 0.05}),
     ("gmpo", {"eps_low": 0.1, "eps_high": 0.3}),
     ("luffy", {"normalize": False}),
     ("aspo", {"c_dual": 1.5, "eps_low": 0.1}),
@@ -511,6 +654,27 @@ VARIANTS = [
     ("m2po", {"tau": 0.02}),
     ("m2po", {"tau": 0.05, "trust_region_only": False}),
     ("vespo", {"max_log_ratio_tok": 0.3, "max_log_ratio_seq": 0.8}),
+    ("vespo", {"preset": "trl", "max_log_ratio_tok": 0.3, "min_log_ratio_seq": -0.5}),
+    ("dapo", {"preset": "verl"}),
+    ("dapo", {"c_dual": 1.2}),
+    ("geo_mask", {"preset": "verl_head", "c_low": 0.8}),
+    ("tis_token", {"batch_normalize": True}),
+    ("tis_token", {"c_low": 0.7, "c_high": 1.4, "batch_normalize": True}),
+    ("tis_seq", {"batch_normalize": True, "c": 1.2}),
+    ("kl_rs", {"criteria": "token_k2", "u": 0.02}),
+    ("kl_rs", {"criteria": "token_k3", "u": 0.03}),
+    ("kl_rs", {"criteria": "seq_sum_k2", "u": 0.2}),
+    ("kl_rs", {"criteria": "seq_sum_k3", "u": 0.3}),
+    ("kl_rs", {"criteria": "seq_mean_k2", "u": 0.05}),
+    ("kl_rs", {"criteria": "seq_max_k2", "u": 0.15}),
+    ("kl_rs", {"criteria": "seq_max_k3", "u": 0.2}),
+    ("kl_rs", {"criteria": ("token_k3", "seq_mean_k2"), "u": (0.1, 0.06)}),
+    ("kl_rs", {"criteria": ("seq_max_k3", "seq_sum_k2", "token_k2"), "u": 0.12}),
+    ("kl_rs", {"criteria": "token_k3", "u": 0.05, "max_log_ratio": 0.3}),
+    ("clip_cov", {"ratio": 0.1, "lb": 0.0, "ub": 0.3}),
+    ("clip_cov", {"ratio": 1.0, "lb": -1.0, "ub": 1.0, "eps_high": 0.1}),
+    ("kl_cov", {"ratio": 0.1}),
+    ("kl_cov", {"ratio": 0.3, "kappa": 0.4}),
 ]
 
 

@@ -117,6 +117,17 @@ RACER = textwrap.dedent(
     from simkit.sweep import SweepError, run_sweep
 
     config, out, me, other = sys.argv[1:5]
+
+    # widen the window between "the directory does not exist yet" and the creation of its
+    # files, as a slow disk would: without the lock around check-and-write, both processes
+    # pass the check and write their config.toml in turn
+    _mkdir = pathlib.Path.mkdir
+    def slow_mkdir(self, *args, **kwargs):
+        if self == pathlib.Path(out):
+            time.sleep(0.3)
+        return _mkdir(self, *args, **kwargs)
+    pathlib.Path.mkdir = slow_mkdir
+
     pathlib.Path(me).touch()  # a barrier: both processes start run_sweep together
     while not pathlib.Path(other).exists():
         time.sleep(0.0005)
@@ -131,7 +142,7 @@ RACER = textwrap.dedent(
 
 def test_concurrent_sweeps_on_a_new_directory_cannot_both_write_the_config(tmp_path):
     configs = [tiny_config(tmp_path, seed=s, name=f"c{s}.toml") for s in (1, 2)]
-    for trial in range(4):
+    for trial in range(3):
         out = tmp_path / f"race{trial}"
         flags = [tmp_path / f"ready{trial}-{i}" for i in (0, 1)]
         procs = [
@@ -187,11 +198,14 @@ def test_resume_recomputes_truncated_and_zeroed_shards(tmp_path):
     pd.testing.assert_frame_equal(sweep.load_results(out), table, check_exact=True)
     assert_nothing_half_written(out)
 
-    # a shard holding another cell's rows is not accepted either
+    # a shard holding another cell's rows, or missing a row, is not accepted either
     shards[1].write_bytes(shards[3].read_bytes())
+    one = pd.read_parquet(shards[0])
+    one.iloc[:1].to_parquet(shards[0], index=False)
     summary = sweep.run_sweep(config, out, progress=False)
-    assert summary.damaged == (str(shards[1]),) and summary.ran == 1
+    assert set(summary.damaged) == {str(shards[0]), str(shards[1])} and summary.ran == 2
     pd.testing.assert_frame_equal(sweep.load_results(out), table, check_exact=True)
+    assert sweep.run_sweep(config, out, progress=False).done_before == 4  # intact: all kept
 
 
 # --- §3 report on a torn shard, a torn training checkpoint ------------------------------------
@@ -241,6 +255,34 @@ def test_torn_training_checkpoint_is_named_and_the_run_recovers(tmp_path):
         pd.testing.assert_frame_equal(pd.read_parquet(table), reference, check_exact=True)
         pd.testing.assert_frame_equal(load_run(out), reference, check_exact=True)
         assert_nothing_half_written(out)
+
+
+def test_tables_written_by_the_commands_are_never_half_written(tmp_path, monkeypatch):
+    """``simkit run --out``, ``simkit train --table``, ``simkit report`` write through
+    :func:`simkit.sweep.write_table`: a write that dies midway leaves the previous file."""
+    table = pd.DataFrame({"cell": ["a", "b"], "x": [1.0, 2.0]})
+    for name in ("t.parquet", "t.csv"):
+        path = tmp_path / name
+        sweep.write_table(table, path)
+        before = path.read_bytes()
+
+        def dies(self, *args, **kwargs):
+            fh = args[0] if args else kwargs.get("path")
+            if hasattr(fh, "write"):
+                fh.write(b"partial")
+            raise OSError("disk full")
+
+        with monkeypatch.context() as m:
+            m.setattr(pd.DataFrame, "to_parquet", dies)
+            m.setattr(
+                pd.DataFrame,
+                "to_csv",
+                lambda self, *a, **k: (_ for _ in ()).throw(OSError("disk full")),
+            )
+            with pytest.raises(OSError, match="disk full"):
+                sweep.write_table(table.assign(x=[3.0, 4.0]), path)
+        assert path.read_bytes() == before
+        assert_nothing_half_written(tmp_path)
 
 
 # --- §4 --out checked before any work ---------------------------------------------------------
@@ -309,6 +351,9 @@ def test_run_out_is_checked_before_the_cells_run(tmp_path, monkeypatch, capsys):
     assert cli.main(["sweep", str(config), "--out", str(tmp_path / "f")]) == 2
     err = capsys.readouterr().err
     assert err.count("simkit: error: --out") == 2
+    # from Python the argument is named as written there
+    with pytest.raises(sweep.SweepError, match=r"out_dir .*f is an existing file"):
+        sweep.run_sweep(config, tmp_path / "f", progress=False)
 
 
 # --- §5 sizes that cannot fit -----------------------------------------------------------------
@@ -389,6 +434,11 @@ def test_memory_estimates_bound_the_arrays_actually_held(monkeypatch):
     bandit = Bandit(logits=np.zeros(3), means=np.full(3, 0.5))
     with pytest.raises(_memory.MemoryLimitError, match=r"reps x n x T = 20000 x 64.*reps or n"):
         experiment.run(bandit, np.full(3, 1 / 3), ["naive"], n=64, reps=20000)
+    from simkit.estimators import Estimator
+    from simkit.train import TrainConfig, train
+
+    with pytest.raises(_memory.MemoryLimitError, match=r"rollout batch of 8192 .*--minibatch"):
+        train(TokenMDP.iid(V=3, T=4), TrainConfig(Estimator("naive"), steps=1, batch=8192))
     monkeypatch.setenv(_memory.ENV_VAR, "lots")
     with pytest.raises(_memory.MemoryLimitError, match="SIMKIT_MEMORY_LIMIT='lots' is not a size"):
         _memory.memory_limit()
@@ -458,11 +508,6 @@ def test_torch_policy_loss_agrees_on_nan():
     assert math.isfinite(float(loss))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="simkit/lm/losses.py lets ±inf log-ratios on valid tokens through (tis_token gives "
-    "a -inf loss, gspo NaN); the numpy mappings reject them. Fix belongs to the torch loss path.",
-)
 @pytest.mark.parametrize("bad", [math.inf, -math.inf])
 def test_torch_policy_loss_rejects_inf_on_valid_tokens(bad):
     torch = pytest.importorskip("torch")
@@ -470,8 +515,15 @@ def test_torch_policy_loss_rejects_inf_on_valid_tokens(bad):
 
     lp = torch.zeros(2, 3)
     lp[0, 1] = bad
-    with pytest.raises(ValueError):
-        policy_loss("gspo", lp, torch.zeros(2, 3), torch.tensor([1.0, -1.0]), torch.ones(2, 3) > 0)
+    for name in ("gspo", "tis_token", "ppo_clip"):
+        with pytest.raises(ValueError, match=r"infinite on a valid token at position \(0, 1\)"):
+            policy_loss(
+                name, lp, torch.zeros(2, 3), torch.tensor([1.0, -1.0]), torch.ones(2, 3) > 0
+            )
+    mask = torch.ones(2, 3) > 0
+    mask[0, 1] = False  # the same value on padding is inert
+    loss, _ = policy_loss("gspo", lp, torch.zeros(2, 3), torch.tensor([1.0, -1.0]), mask)
+    assert math.isfinite(float(loss))
 
 
 # --- §7 messages naming what the user typed ---------------------------------------------------

@@ -312,3 +312,14 @@ def test_recipes():
     assert recipes.recipe_of("ppo_clip", "token-mean") is None
     with pytest.raises(KeyError, match="available recipes: grpo"):
         recipes.recipe("ppo")
+
+
+# --- drift notes (issue 16: every training figure states the drift it reached) -------------------
+
+
+def test_training_figures_state_the_drift_reached(stale, mism, cmap):
+    for data in (stale, mism, cmap):
+        text = "\n".join(data.notes)
+        largest = data.runs["kl_seq_max"].max()
+        assert f"largest KL_seq(π‖μ) at a recorded step {largest:.3g} nats" in text
+        assert largest == data.table.loc[data.table["recorded"], "kl_seq"].max()

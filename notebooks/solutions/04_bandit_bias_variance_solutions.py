@@ -60,17 +60,17 @@ def dial(chi2, family="logit_noise"):
 # %% [markdown]
 # ## Exercise 1 — the bias of naive REINFORCE
 #
-# With c = 1 and the oracle advantage, one sample contributes A·(e_y − π) and
-# E[A | y = a] = m_a − J, so
+# With c = 1 and the oracle advantage A = R − b, b = J(μ), one sample contributes A·(e_y − π)
+# and E[A | y = a] = m_a − b, so
 #
-# $$\mathbb{E}\hat g = \sum_a \mu_a (m_a - J)(e_a - \pi), \qquad
-#   \nabla J = \sum_a \pi_a (m_a - J)(e_a - \pi),$$
+# $$\mathbb{E}\hat g = \sum_a \mu_a (m_a - b)(e_a - \pi), \qquad
+#   \nabla J = \sum_a \pi_a (m_a - J)(e_a - \pi) = \sum_a \pi_a (m_a - b)(e_a - \pi)$$
 #
-# and their difference is $\sum_a (\mu_a - \pi_a)(m_a - J)(e_a - \pi)$. The triangle
-# inequality gives
+# (any constant b: $\sum_a \pi_a (e_a - \pi) = 0$), and their difference is
+# $\sum_a (\mu_a - \pi_a)(m_a - b)(e_a - \pi)$. The triangle inequality gives
 #
-# $$\|\mathbb{E}\hat g - \nabla J\| \le \sum_a |\mu_a - \pi_a|\,|m_a - J|\,\|e_a - \pi\|
-#   \le 2\,\mathrm{TV}(\pi, \mu)\,\max_a |m_a - J|\,\max_a \|e_a - \pi\|$$
+# $$\|\mathbb{E}\hat g - \nabla J\| \le \sum_a |\mu_a - \pi_a|\,|m_a - b|\,\|e_a - \pi\|
+#   \le 2\,\mathrm{TV}(\pi, \mu)\,\max_a |m_a - b|\,\max_a \|e_a - \pi\|$$
 #
 # since $\sum_a |\mu_a - \pi_a| = 2\,\mathrm{TV}$. The bias of ignoring the mismatch is
 # controlled by TV — not by χ² — which is why naive's bias grows slowly while IS's variance
@@ -78,14 +78,15 @@ def dial(chi2, family="logit_noise"):
 
 # %%
 score = np.eye(env.K) - pi  # row a: e_a − π
-constant = np.max(np.abs(m - J)) * np.max(np.linalg.norm(score, axis=1))
 cfg = bandit_bias_variance.Config(
     mapping_names=("naive",), n_chi2=5 if FAST else 9, reps=2, n_boot=10
 )
 rows = []
 for target in cfg.chi2_grid:
     mu = dial(float(target), cfg.shift_family)
-    terms = ((mu - pi) * (m - J))[:, None] * score  # row a: (μ_a − π_a)(m_a − J)(e_a − π)
+    b = env.J(mu)  # the oracle baseline
+    constant = np.max(np.abs(m - b)) * np.max(np.linalg.norm(score, axis=1))
+    terms = ((mu - pi) * (m - b))[:, None] * score  # row a: (μ_a − π_a)(m_a − b)(e_a − π)
     bias_vector = terms.sum(axis=0)
     simkit_bias = experiment.run(env, mu, [estimator("naive")], n=64, reps=2, exact=True)
     rows.append(
@@ -95,14 +96,14 @@ for target in cfg.chi2_grid:
             "bias (formula)": np.linalg.norm(bias_vector),
             "bias (simkit)": float(simkit_bias.bias.iloc[0]),
             "Σ‖terms‖ (triangle)": np.linalg.norm(terms, axis=1).sum(),
-            "bound 2·TV·max|m−J|·max‖e−π‖": 2 * divergence.tv(pi, mu) * constant,
+            "bound 2·TV·max|m−b|·max‖e−π‖": 2 * divergence.tv(pi, mu) * constant,
         }
     )
 naive_bias = pd.DataFrame(rows)
 display(naive_bias)
 assert np.allclose(naive_bias["bias (formula)"], naive_bias["bias (simkit)"], rtol=0, atol=1e-12)
 assert np.all(naive_bias["bias (formula)"] <= naive_bias["Σ‖terms‖ (triangle)"])
-assert np.all(naive_bias["Σ‖terms‖ (triangle)"] <= naive_bias["bound 2·TV·max|m−J|·max‖e−π‖"])
+assert np.all(naive_bias["Σ‖terms‖ (triangle)"] <= naive_bias["bound 2·TV·max|m−b|·max‖e−π‖"])
 looseness = naive_bias.iloc[:, -1] / naive_bias["bias (formula)"]
 bias_per_tv = naive_bias["bias (formula)"] / naive_bias["TV"]
 cancellation = naive_bias["bias (formula)"] / naive_bias["Σ‖terms‖ (triangle)"]  # step 1
@@ -114,16 +115,19 @@ print(
     f"of the maxima step {maxima.iloc[0]:.2f} → {maxima.iloc[-1]:.2f}"
 )
 assert np.all(np.diff(looseness) < 0) and np.all(np.diff(bias_per_tv) > 0)
-assert np.all(np.diff(cancellation) > 0) and np.all(np.diff(maxima) > 0)
+assert bias_per_tv.iloc[-1] > 1.5 * bias_per_tv.iloc[0]
+assert np.all(np.diff(cancellation) > 0) and maxima.iloc[-1] > maxima.iloc[0]
 
 # %% [markdown]
-# The bound is loose by a factor that falls from about 6 at χ² = 0.01 to about 3 at χ² = 10
-# (asserted): it is linear in TV, while the bias grows faster than TV here (bias/TV doubles
-# over the grid, asserted). Both inequalities of the proof tighten as the logit-noise tilt
-# grows (asserted): the terms (μ_a − π_a)(m_a − J)(e_a − π) cancel less in the sum (the
-# triangle step goes from 0.40 to 0.60 of equality), and more of the moved mass sits on arms
-# with a large |m_a − J|·‖e_a − π‖ (the maxima step from 0.42 to 0.57). So TV controls the
-# bias from above, but the bias is not proportional to it.
+# The bound is loose by a factor that falls from about 6 at χ² = 0.01 to about 4 at χ² = 10
+# (asserted): it is linear in TV, while the bias grows faster than TV here (bias/TV grows by
+# more than half over the grid, 0.17 → 0.28, asserted). Both inequalities of the proof are
+# tighter at the largest mismatch than at the smallest (asserted): the terms
+# (μ_a − π_a)(m_a − b)(e_a − π) cancel less in the sum (the triangle step goes steadily from
+# 0.40 to 0.51 of equality), and more of the moved mass sits on arms with a large
+# |m_a − b|·‖e_a − π‖ (the maxima step from 0.43 to 0.52, peaking near 0.55 at χ² ≈ 2). So TV
+# controls the bias from above, but the bias is not proportional to it. (Oracle baseline
+# b = J(μ).)
 #
 # ## Exercise 2 — where does C* go when the batch grows?
 #
@@ -162,8 +166,9 @@ assert c_star[4096] > 2 * c_star[16]
 mu10 = dial(10.0)
 w10 = pi / mu10
 ppo = mappings.get("ppo_clip")
-second_moment_neg = mu10 * (1 - m) * J**2 * ppo.phi(w10, positive=False) ** 2 * (score**2).sum(1)
-second_moment_pos = mu10 * m * (1 - J) ** 2 * ppo.phi(w10, positive=True) ** 2 * (score**2).sum(1)
+b10 = env.J(mu10)  # the oracle baseline J(μ): A = 1 − b or −b
+second_moment_neg = mu10 * (1 - m) * b10**2 * ppo.phi(w10, positive=False) ** 2 * (score**2).sum(1)
+second_moment_pos = mu10 * m * (1 - b10) ** 2 * ppo.phi(w10, positive=True) ** 2 * (score**2).sum(1)
 total = second_moment_neg.sum() + second_moment_pos.sum()
 large = w10 > 3.0
 share = second_moment_neg[large].sum() / total
@@ -201,12 +206,13 @@ display(
 )
 assert best == 0  # the optimum sits at the bottom of the range, c_dual → 1⁺
 assert sweep.bias.iloc[0] < comparison.loc["dual_clip", "bias"] < comparison.loc["ppo_clip", "bias"]
-assert comparison.loc["dual_clip", "mse"] < 0.5 * comparison.loc["ppo_clip", "mse"]
+assert comparison.loc["dual_clip", "mse"] < 0.55 * comparison.loc["ppo_clip", "mse"]
 # c_dual beyond every ratio gives back PPO clip
 assert abs(sweep.mse.iloc[-1] - comparison.loc["ppo_clip", "mse"]) < 1e-12
 
 # %% [markdown]
-# Dual clip at its default c_dual = 3 already cuts PPO clip's MSE by a factor of about 2.5 here,
+# Dual clip at its default c_dual = 3 already cuts PPO clip's MSE by a factor of about 2 here
+# (1.9 with the oracle baseline J(μ); asserted: more than 1.8),
 # and — perhaps surprisingly — it lowers the **bias** too, and lowers it further as c_dual
 # comes down to 1 (not monotonically: the ratios of the 16 arms are discrete steps). The
 # reason is the asymmetry of PPO's band. For an arm with a large ratio r, PPO clip already
@@ -246,7 +252,8 @@ assert np.allclose(tail.loc[truncations, "mse"], tail.loc["naive", "mse"], rtol=
 assert tail.loc["is_seq", "mse"] > 3 * tail.loc["naive", "mse"]
 assert tail.loc["ppo_clip", "mse"] > 2 * tail.loc["naive", "mse"]
 noise = tables["logit_noise"]
-assert np.all(noise.loc[truncations, "mse"] < 0.6 * noise.loc["naive", "mse"])
+assert np.all(noise.loc[truncations[:4], "mse"] < 0.4 * noise.loc["naive", "mse"])
+assert noise.loc["vespo", "mse"] < 0.8 * noise.loc["naive", "mse"]
 assert noise.loc["is_seq", "mse"] > noise.loc["naive", "mse"]
 assert noise.loc["ppo_clip", "mse"] < noise.loc["naive", "mse"]  # ppo_clip changes side
 
@@ -259,10 +266,11 @@ assert noise.loc["ppo_clip", "mse"] < noise.loc["naive", "mse"]  # ppo_clip chan
 # (exercise 1: TV = 0.006 here). That is why they all look alike. Under the broad
 # `logit_noise` mismatch (TV = 0.31, every arm's ratio off by more than 10 %) the same
 # mappings are far from naive: `tis_seq`, `mis_seq`, `cispo` and SAPO cut its MSE by a factor
-# of 3.2 to 3.6 and VESPO by about 2 (all five below 0.6 times naive, asserted), because
-# naive's bias is now large. Two mappings pay for the rare arm of `tail`: sequence IS (the
-# whole χ² = 3 in variance) and PPO clip, whose A < 0 side keeps r unbounded (exercise 3).
-# PPO clip changes rank the most: slightly better than naive under `logit_noise` (0.86 times
+# of 2.7 to 3.0 (below 0.4 times naive, asserted) and VESPO by about 1.35 (below 0.8 times,
+# asserted), because naive's bias is now large (oracle baseline J(μ)). Two mappings pay for
+# the rare arm of `tail`: sequence IS (the whole χ² = 3 in variance) and PPO clip, whose
+# A < 0 side keeps r unbounded (exercise 3).
+# PPO clip changes rank the most: slightly better than naive under `logit_noise` (0.90 times
 # its MSE), 2.6 times worse under `tail` (both asserted). The lesson: at a fixed χ² the
 # *shape* of the mismatch decides the ranking — a few huge ratios (small TV and KL) favour
 # any cap, while a broad mismatch (large TV) is where the knobs differ.

@@ -93,6 +93,7 @@ def crossing_T(chi2, n, T_max=14):
     """First T with MSE(is_seq) > MSE(is_token), exact (enumeration), on answer_correct."""
     cfg = mse_vs_T.Config(
         exact_lengths=tuple(range(1, T_max + 1)),
+        dp_lengths=(),
         mc_lengths=(),
         mapping_names=("is_token", "is_seq"),
         chi2_tok=chi2,
@@ -115,13 +116,13 @@ crossings = pd.Series(
 )
 display(crossings)
 base, bigger_batch, more_mismatch = crossings.to_numpy()
-assert base == 8 and bigger_batch > base and more_mismatch < base
+assert base == 4 and bigger_batch > base and more_mismatch < base
 
 # %% [markdown]
-# Both predictions hold: the crossing moves from T = 8 to T = 11 with four times the batch,
-# and to T = 6 with twice the per-token χ². The move in (a) is far smaller than the 28 of the
-# pure-bias estimate: on `answer_correct` token IS's bias saturates, and at these lengths
-# its variance is still a sizeable part of its MSE.
+# Both predictions hold: the crossing moves from T = 4 to T = 7 with four times the batch,
+# and to T = 3 with twice the per-token χ² (oracle baseline J(μ); asserted: up and down). The
+# move in (a) is far smaller than the 28 of the pure-bias estimate: on `answer_correct` token
+# IS's bias saturates, and at these lengths its variance is still a sizeable part of its MSE.
 #
 # ## Exercise 3 — the length trap at $T^\star$
 #
@@ -162,11 +163,13 @@ assert length_trap.kept_fraction_mis_seq(t_99, RHO, SIGMA, C) >= 0.99
 assert length_trap.kept_fraction_mis_seq(t_99 + 1, RHO, SIGMA, C) < 0.99
 
 # %% [markdown]
-# The mask keeps 99 % of the sequences only up to T = 362 — less than half of T* — half of
-# them at T* ≈ 806, and 13 % at T = 1200: a systematic drift of 0.2 % per token turns a
-# generous cap C = 5 into a filter that throws away most long responses. The drift of log W
-# grows like T and its spread only like √T, so the longer the responses, the sharper the
-# cut around T*.
+# The mask keeps 99 % of the π-drawn sequences only up to T = 362 — less than half of T* —
+# half of them at T* ≈ 806, and 13 % at T = 1200: the drift of log W grows like T and its
+# spread only like √T, so the longer the responses, the sharper the cut around T*. These are
+# sequences drawn from π, i.e. shares of π's mass. The trainer's rollouts come from μ, where
+# E_μ[W] = 1 and log W drifts *down*: by Markov, P_μ(W > C) ≤ 1/C, so the mask keeps at least
+# 80 % of μ's rollouts at every length — it keeps the rollouts but loses what they are worth
+# under π (the figure `length_trap`).
 #
 # ## Exercise 4 — GSPO and repetition
 #

@@ -8,163 +8,49 @@ Every figure module exposes
 - ``compute(config) -> data`` — pure numpy/pandas, deterministic (seeded), tested;
 - ``draw(data) -> matplotlib.figure.Figure`` — thin, no computation, no pyplot state.
 
-``render(name, out_dir, small=False)`` writes ``<name>.png`` and ``<name>.pdf`` byte-for-byte
-reproducibly (fixed dpi, no creation date / software stamp, Agg canvas), and
-``write_gallery(out_dir)`` regenerates ``out_dir/README.md`` with one line per figure.
-The environment variable ``SIMKIT_SMALL=1`` forces small sizes.
+``render(name, out_dir, small=False)`` computes and writes ``<name>.png`` and ``<name>.pdf``
+(``save(name, data, out_dir)`` draws given data) byte-for-byte reproducibly (fixed dpi, no
+creation date / software stamp, Agg canvas), and ``write_gallery(out_dir)`` regenerates
+``out_dir/README.md`` with one line per figure. ``build(names, out_dir)`` — what
+``simkit figures`` / ``make figures`` run — adds a content-addressed cache of each figure's
+data (:mod:`simkit.figures.cache`), parallel workers, progress and ``MANIFEST.json``
+(:mod:`simkit.figures.runner`). The environment variable ``SIMKIT_SMALL=1`` forces small sizes.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import os
-from pathlib import Path
-from types import ModuleType
-
-from simkit.figures import (
-    bandit_bias_variance,
-    bias_variance_frontier,
-    collapse_map,
-    divergence_inequalities,
-    ess_khat_vs_T,
-    gspo_length_conflation,
-    kernel_shapes,
-    kernel_shapes_catalogue,
-    length_trap,
-    lm_vs_sim,
-    mismatch_curves,
-    mse_vs_T,
-    same_kl_different_chi2,
-    seq_tis_optimal_c,
-    seq_variance_vs_T,
-    staleness_curves,
-    style,
-    token_bias_vs_T,
-    vespo_bound,
+from simkit.figures import style
+from simkit.figures.registry import (
+    FIGURES,
+    PDF_METADATA,
+    PNG_METADATA,
+    available,
+    figure_module,
+    make,
+    render,
+    save,
+    small_from_env,
+    write_gallery,
 )
-
-#: figure name -> module, in gallery order
-FIGURES: dict[str, ModuleType] = {
-    m.NAME: m
-    for m in (
-        kernel_shapes,
-        kernel_shapes_catalogue,
-        divergence_inequalities,
-        bandit_bias_variance,
-        bias_variance_frontier,
-        seq_variance_vs_T,
-        length_trap,
-        gspo_length_conflation,
-        vespo_bound,
-        ess_khat_vs_T,
-        seq_tis_optimal_c,
-        same_kl_different_chi2,
-        token_bias_vs_T,
-        mse_vs_T,
-        lm_vs_sim,
-        staleness_curves,
-        mismatch_curves,
-        collapse_map,
-    )
-}
-
-#: metadata that would otherwise make the files differ between runs
-PNG_METADATA = {"Software": None}
-PDF_METADATA = {"CreationDate": None, "ModDate": None, "Producer": None, "Creator": None}
 
 __all__ = [
     "FIGURES",
+    "PDF_METADATA",
+    "PNG_METADATA",
     "available",
+    "build",
     "figure_module",
     "make",
     "render",
+    "save",
     "small_from_env",
     "style",
     "write_gallery",
 ]
 
 
-def available() -> list[str]:
-    """Registered figure names, in gallery order."""
-    return list(FIGURES)
+def build(names=None, out_dir="figures", **options):
+    """Make figures with the cache, in parallel, with progress: :func:`runner.build`."""
+    from simkit.figures import runner
 
-
-def figure_module(name: str) -> ModuleType:
-    """The module of figure ``name``; unknown names raise ``KeyError`` listing the figures."""
-    try:
-        return FIGURES[name]
-    except KeyError:
-        raise KeyError(
-            f"unknown figure {name!r}; available figures: {', '.join(FIGURES)}"
-        ) from None
-
-
-def small_from_env() -> bool:
-    """True when the environment variable ``SIMKIT_SMALL`` is set to 1/true/yes."""
-    return os.environ.get("SIMKIT_SMALL", "").strip().lower() in {"1", "true", "yes"}
-
-
-def make(name: str, small: bool = False):
-    """Compute and draw figure ``name``: returns ``(data, Figure)`` (nothing written)."""
-    module = figure_module(name)
-    data = module.compute(module.config(small=small or small_from_env()))
-    with style.context():
-        fig = module.draw(data)
-    return data, fig
-
-
-def render(name: str, out_dir, small: bool = False) -> list[Path]:
-    """Write ``<out_dir>/<name>.png`` and ``<out_dir>/<name>.pdf``; return the two paths.
-
-    Deterministic: the same inputs give the same bytes (PNG at ``style.DPI`` without the
-    Software stamp, PDF without creation date/producer). ``small`` (or ``SIMKIT_SMALL=1``)
-    selects the reduced configuration.
-    """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    _, fig = make(name, small=small)
-    png, pdf = out / f"{name}.png", out / f"{name}.pdf"
-    with style.context(), _quiet_font_subsetting():
-        fig.savefig(png, format="png", dpi=style.DPI, metadata=PNG_METADATA)
-        fig.savefig(pdf, format="pdf", metadata=PDF_METADATA)
-    return [png, pdf]
-
-
-@contextlib.contextmanager
-def _quiet_font_subsetting():
-    """Silence fontTools' harmless "timestamp seems very low" warnings while embedding fonts."""
-    logger = logging.getLogger("fontTools")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
-def write_gallery(out_dir) -> Path:
-    """(Re)write ``<out_dir>/README.md``: one line per figure whose PNG is in ``out_dir``.
-
-    Each line gives the title, what the figure shows, a link to the PDF and the image.
-    """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    lines = [
-        "# simkit figure gallery",
-        "",
-        "Regenerated by `make figures` (`python -m simkit figures --out figures`); each figure is",
-        "computed by `simkit.figures.<name>.compute` and drawn by `draw`. Do not edit by hand.",
-        "",
-    ]
-    for name, module in FIGURES.items():
-        if not (out / f"{name}.png").exists():
-            continue
-        lines.append(
-            f"- **{module.TITLE}** (`{name}`, [PDF]({name}.pdf)) — {module.CAPTION}"
-            f"<br>![{module.TITLE}]({name}.png)"
-        )
-    lines.append("")
-    path = out / "README.md"
-    path.write_text("\n".join(lines), encoding="utf-8")
-    return path
+    return runner.build(names, out_dir, **options)

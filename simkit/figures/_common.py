@@ -25,6 +25,23 @@ def panel_label(ax, letter: str) -> None:
     ax.set_title(f"({letter}) {title}".rstrip(), loc="left")
 
 
+def mark_floor(ax, floor: float, text: str = "0 (unbiased)") -> None:
+    """A dotted horizontal line at ``floor`` labelled ``text`` at the right edge: where a
+    log-scale axis draws the value 0 (a bias that is exactly zero, clipped to ``floor``)."""
+    ax.axhline(floor, color="0.5", linewidth=0.6, linestyle=":")
+    ax.annotate(
+        text,
+        (1.0, floor),
+        xycoords=("axes fraction", "data"),
+        xytext=(-2, 2),
+        textcoords="offset points",
+        ha="right",
+        va="bottom",
+        fontsize=7,
+        color="0.35",
+    )
+
+
 def finite_positive(values) -> np.ndarray:
     """Replace non-finite or non-positive values by NaN (so log axes skip them)."""
     arr = np.asarray(values, dtype=np.float64).copy()

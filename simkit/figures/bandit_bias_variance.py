@@ -7,8 +7,22 @@ aggregation (Z = n on the bandit: T = 1, so every aggregation coincides). Per-sa
 are exact (:func:`simkit.experiment.run`'s exact path); batch-dependent ones (snis, psis, m2po)
 are Monte Carlo with bootstrap confidence bounds, drawn as error bars.
 
+Drawn as small multiples: one column per family (:data:`simkit.figures._claims.PANELS`:
+classic IS; clipping; truncation and masking; smooth gates and VESPO), one row per metric, with
+naive and sequence IS as references in every panel. A bias that is exactly 0 (to rounding: at
+most 1e-9 of the largest bias, exact rows only) is a filled marker on the floor line, never a
+line segment falling to it; unreliable Monte Carlo rows (column ``reliable``, where present)
+are hollow (:func:`simkit.figures._common.mark_unreliable`).
+
+``zero_fraction`` (exact, per-sample mappings; NaN for batch-dependent ones): the μ-probability
+of a draw (arm, sign of A) whose coefficient is 0 — for PPO-style clipping the clip fraction.
+GSPO at its default ε (the paper's, 3e-4 / 4e-4) clips s = r on a one-token bandit unless
+|r − 1| ≤ ε, i.e. almost always; the notes (:func:`notes`) give the measured fraction.
+
 Data: the tidy DataFrame of :func:`simkit.experiment.run`, one row per (mapping, χ² target),
-with the extra columns ``target_chi2``, ``arms`` and ``family`` (the mapping's colour family).
+with the extra columns ``target_chi2``, ``arms``, ``family`` (the mapping's colour family),
+``panel``, ``zero_fraction`` and ``outside_clip_range`` (:func:`zero_fractions`);
+``data.attrs["notes"]``.
 """
 
 from __future__ import annotations
@@ -21,7 +35,8 @@ import pandas as pd
 from simkit import experiment, mappings, shifts
 from simkit.envs import Bandit
 from simkit.estimators import Estimator
-from simkit.figures import _common, style
+from simkit.figures import _claims, _common, style
+from simkit.figures.staleness_curves import split_figure
 
 NAME = "bandit_bias_variance"
 TITLE = "Bias, variance, MSE and cosine vs χ² on a bandit"
@@ -29,8 +44,14 @@ CAPTION = (
     "every mapping of the catalogue (default hyperparameters, oracle advantage, n samples "
     "per estimate) on a Bernoulli bandit whose behaviour μ is dialed to a grid of "
     "χ²(π‖μ); exact for per-sample mappings, Monte Carlo with 95 % bootstrap bounds for "
-    "batch-dependent ones."
+    "batch-dependent ones; small multiples by family with naive and sequence IS as references "
+    "in every panel, an exactly-zero bias drawn as a marker on the floor line. The notes under "
+    "the panels give, from the data, which mappings are exactly unbiased and GSPO's measured "
+    "clip fraction."
 )
+
+#: a bias at most this fraction of the largest bias (exact rows) is an exact 0 in floating point
+ZERO_BIAS_RTOL = 1e-9
 
 
 @dataclass(frozen=True)
@@ -97,6 +118,7 @@ def compute(cfg: Config) -> pd.DataFrame:
     frames = []
     for target in cfg.chi2_grid:
         mu = shifts.dial(env.pi, float(target), divergence="chi2", family=cfg.shift_family)
+        zero, outside = zero_fractions(env, mu, ests)
         frame = experiment.run(
             env,
             mu,
@@ -108,11 +130,95 @@ def compute(cfg: Config) -> pd.DataFrame:
             progress=False,
             setting={"target_chi2": float(target)},
         )
+        frame["zero_fraction"] = frame.mapping.map(zero).astype(float)
+        frame["outside_clip_range"] = frame.mapping.map(outside).astype(float)
         frames.append(frame)
     data = pd.concat(frames, ignore_index=True)
     data["family"] = [style.family(m) for m in data.mapping]
     data["arms"] = cfg.arms
+    data["shift_family"] = cfg.shift_family
+    data["panel"] = [_claims.panel_of(m) for m in data.mapping]
+    data.attrs["notes"] = notes(data)
     return data
+
+
+def zero_fractions(env: Bandit, mu, ests) -> tuple[dict, dict]:
+    """Two dicts by estimator name, exact over the atoms (arm, sign of A) of ``env.support``
+    (signs of A = R − J(μ); for Bernoulli rewards any baseline in (0, 1) gives the same signs):
+
+    - P_μ(coefficient = 0) (NaN for batch-dependent mappings, whose coefficient depends on the
+      batch);
+    - for mappings with a clip range (``eps_low``, ``eps_high``), P_μ(r ∉ [1 − ε_low,
+      1 + ε_high]) — on the bandit (T = 1) r = W = s; NaN otherwise.
+    """
+    support = env.support(mu, baseline=env.J(mu))
+    r = np.exp(support.log_ratio[:, 0])
+    zero, outside = {}, {}
+    for est in ests:
+        m = est.mapping
+        zero[est.name] = outside[est.name] = float("nan")
+        if not m.batch_dependent:
+            c = m.coefficients(support.log_ratio, support.mask, support.advantage_sign)
+            zero[est.name] = float(support.prob @ (np.asarray(c)[:, 0] == 0))
+        if hasattr(m, "eps_low") and hasattr(m, "eps_high"):
+            out = (r < 1 - m.eps_low) | (r > 1 + m.eps_high)
+            outside[est.name] = float(support.prob @ out)
+    return zero, outside
+
+
+def exact_zero_bias(data: pd.DataFrame) -> pd.Series:
+    """Boolean per row: an exact row whose bias is 0 to rounding (≤ ZERO_BIAS_RTOL·max bias)."""
+    scale = float(data.bias.max()) if len(data) else 0.0
+    return data.exact.astype(bool) & (data.bias <= ZERO_BIAS_RTOL * scale)
+
+
+def _span(lo: float, hi: float, spec: str) -> str:
+    a, b = format(lo, spec), format(hi, spec)
+    return a if a == b else f"{a}–{b}"
+
+
+def notes(data: pd.DataFrame) -> tuple[str, ...]:
+    """Sentences under the figure, built from ``data``."""
+    row = data.iloc[0]
+    lines = [
+        f"Setting: {int(row.arms)}-armed Bernoulli bandit (seeded), μ = {row.shift_family} "
+        f"shift of π dialed to χ²(π‖μ) from {data.chi2_tok.min():.3g} to "
+        f"{data.chi2_tok.max():.3g} ({data.target_chi2.nunique()} points); n = {int(row.n)} "
+        f"draws per estimate, advantage {_claims.advantage_text(row.advantage)}, default "
+        "hyperparameters; exact rows "
+        "for per-sample mappings, Monte Carlo (95 % bootstrap bounds) for batch-dependent ones."
+    ]
+    zero = exact_zero_bias(data)
+    by_name = zero.groupby(data.mapping, sort=False)
+    always = [n for n, z in by_name if z.all()]
+    some = [n for n, z in by_name if z.any() and not z.all()]
+    text = f"Exactly unbiased at every χ² of the grid: {_claims.name_list(always)}"
+    if some:
+        parts = []
+        for n in some:
+            chi = data.chi2_tok[(data.mapping == n) & zero]
+            parts.append(f"{n} (χ² ≤ {chi.max():.3g})" if len(chi) else n)
+        text += f"; at some χ² only: {', '.join(parts)}"
+    lines.append(text + " (drawn as markers on the floor line).")
+    if "reliable" in data:
+        flags = data.reliable[~data.exact.astype(bool)]
+        bad = int((flags.notna() & (flags == False)).sum())  # noqa: E712 (object column)
+        if bad:
+            lines.append(f"{bad} Monte Carlo rows: {_common.UNRELIABLE_NOTE}.")
+    gspo = data[data.mapping == "gspo"]
+    if len(gspo) and gspo.outside_clip_range.notna().all():
+        lo, hi = float(gspo.outside_clip_range.min()), float(gspo.outside_clip_range.max())
+        z_lo, z_hi = float(gspo.zero_fraction.min()), float(gspo.zero_fraction.max())
+        how = "almost always" if lo >= 0.9 else "on most draws" if lo >= 0.5 else "rarely"
+        lines.append(
+            f"GSPO at its default ε (the paper's 3e-4 / 4e-4) is clipped {how} on this "
+            f"one-token bandit, where s = r: r lies outside [1 − ε_low, 1 + ε_high] on "
+            f"{_span(lo, hi, '.1%')} of μ's draws across the χ² grid, and the coefficient is "
+            f"exactly 0 (the clipped side for the advantage's sign) on {_span(z_lo, z_hi, '.0%')} "
+            "— its curves "
+            "say little about GSPO on long sequences."
+        )
+    return tuple(lines)
 
 
 METRICS = (
@@ -123,75 +229,124 @@ METRICS = (
 )
 
 
-def draw(data: pd.DataFrame):
-    fig = _common.new_figure(7.2, 6.4)
-    axes = fig.subplots(2, 2, sharex=True)
-    names = list(dict.fromkeys(data.mapping))
-    # log axes cannot show an exact 0 (is_seq is unbiased): draw it on a floor, marked
-    # an exact 0 comes out as ~1e-17 in floating point: 1e-9 below the largest bias counts as 0
-    positive_bias = data.bias[data.bias > 1e-9 * data.bias.max()]
-    bias_floor = 10 ** np.floor(np.log10(positive_bias.min() / 3)) if len(positive_bias) else 1e-6
-    for ax, (metric, label, scale) in zip(axes.flat, METRICS, strict=True):
-        for name in names:
-            part = data[data.mapping == name].sort_values("chi2_tok")
-            x = part.chi2_tok.to_numpy()
-            y = part[metric].to_numpy(dtype=float)
-            if metric == "bias":
-                y = np.where(y <= bias_floor, bias_floor, y)
-            kw = style.line_kwargs(name, linewidth=1.2, markersize=2.5, marker=style.marker(name))
-            if not part.exact.all():
-                lo = part[f"{metric}_lo"].to_numpy(dtype=float)
-                hi = part[f"{metric}_hi"].to_numpy(dtype=float)
-                if scale == "log":
-                    lo = np.maximum(lo, bias_floor if metric == "bias" else y * 1e-3)
-                ax.errorbar(
-                    x,
-                    y,
-                    yerr=[np.maximum(y - lo, 0), np.maximum(hi - y, 0)],
-                    capsize=1.5,
-                    elinewidth=0.7,
-                    **kw,
-                )
-            else:
-                ax.plot(x, y, **kw)
-        ax.set_xscale("log")
-        ax.set_yscale(scale)
-        ax.set_ylabel(label)
-        if metric == "bias":
-            ax.axhline(bias_floor, color="0.5", linewidth=0.6, linestyle=":")
-            ax.annotate(
-                "0 (unbiased)",
-                (1.0, bias_floor),
-                xycoords=("axes fraction", "data"),
-                xytext=(-2, 2),
-                textcoords="offset points",
-                ha="right",
-                va="bottom",
-                fontsize=7,
-                color="0.35",
+def _bias_floor(data: pd.DataFrame) -> float:
+    positive = data.bias[~exact_zero_bias(data) & (data.bias > 0)]
+    return 10 ** np.floor(np.log10(positive.min() / 3)) if len(positive) else 1e-6
+
+
+def _draw_series(ax, part: pd.DataFrame, name: str, metric: str, floor: float, zero_all, **kw):
+    """One mapping's curve on one panel: exact zeros (bias) as hollow markers on the floor,
+    never joined by a segment; Monte Carlo rows with their bootstrap bounds."""
+    x = part.chi2_tok.to_numpy()
+    y = part[metric].to_numpy(dtype=float)
+    zero = zero_all.loc[part.index].to_numpy() if metric == "bias" else np.zeros(len(y), bool)
+    line = np.where(zero, np.nan, y)
+    if metric == "bias":
+        line = np.where(line <= floor, np.nan, line)
+    kw = {**style.line_kwargs(name), "markersize": 2.6, "marker": style.marker(name), **kw}
+    if not part.exact.all():
+        lo = part[f"{metric}_lo"].to_numpy(dtype=float)
+        hi = part[f"{metric}_hi"].to_numpy(dtype=float)
+        if ax.get_yscale() == "log":
+            lo = np.maximum(lo, floor if metric == "bias" else y * 1e-3)
+        ax.errorbar(
+            x,
+            line,
+            yerr=[np.maximum(line - lo, 0), np.maximum(hi - line, 0)],
+            capsize=1.2,
+            elinewidth=0.6,
+            **kw,
+        )
+        if "reliable" in part:
+            _common.mark_unreliable(
+                ax,
+                x,
+                line,
+                part.reliable.to_numpy(),
+                color=style.color(name),
+                marker=style.marker(name),
             )
-        if metric == "cosine":
-            ax.set_ylim(min(-0.05, float(np.nanmin(data.cosine)) - 0.05), 1.05)
-    for ax in axes[1]:
-        ax.set_xlabel(r"mismatch $\chi^2(\pi\,\|\,\mu)$")
-    for ax, letter in zip(axes.flat, "abcd", strict=True):
-        _common.panel_label(ax, letter)
-    handles, labels = axes[0, 0].get_legend_handles_labels()
-    by_label = dict(zip(labels, handles, strict=True))
-    ordered = [name for name in names if name in by_label]  # registry order (errorbars last)
-    fig.legend(
-        [by_label[n] for n in ordered],
-        ordered,
-        loc="outside right center",
-        ncol=1,
-        fontsize=6.5,
-        handlelength=2.4,
-        title="mapping",
-        title_fontsize=7.5,
-    )
+    else:
+        ax.plot(x, line, **kw)
+    if zero.any():  # filled (hollow markers mean "unreliable Monte Carlo" in every figure)
+        ax.plot(
+            x[zero],
+            np.full(int(zero.sum()), floor),
+            linestyle="none",
+            marker=style.marker(name),
+            markersize=4,
+            color=style.color(name),
+            clip_on=False,
+            zorder=4,
+        )
+
+
+def draw(data: pd.DataFrame):
+    panel_names = [p for p in _claims.PANELS if (data.panel == p).any()]
+    fig, sub = split_figure(7.6, 8.8, data.attrs.get("notes", ()))
+    axes = sub.subplots(len(METRICS), len(panel_names), sharex=True, sharey="row", squeeze=False)
+    floor = _bias_floor(data)
+    zero_all = exact_zero_bias(data)  # one scale for every row: the largest bias of the figure
+    refs = [r for r in _claims.REFERENCES if (data.mapping == r).any()]
+    for i, (metric, label, scale) in enumerate(METRICS):
+        for j, panel in enumerate(panel_names):
+            ax = axes[i, j]
+            ax.set_xscale("log")
+            ax.set_yscale(scale)
+            members = list(dict.fromkeys(data.mapping[data.panel == panel]))
+            for name in refs:
+                if name not in members:
+                    part = data[data.mapping == name].sort_values("chi2_tok")
+                    _draw_series(
+                        ax,
+                        part,
+                        name,
+                        metric,
+                        floor,
+                        zero_all,
+                        linestyle=":",
+                        linewidth=0.9,
+                        alpha=0.75,
+                        label=f"{name} (reference)",
+                    )
+            for name in members:
+                part = data[data.mapping == name].sort_values("chi2_tok")
+                _draw_series(ax, part, name, metric, floor, zero_all, linewidth=1.1)
+            if metric == "bias":
+                ax.axhline(floor, color="0.5", linewidth=0.6, linestyle=":")
+                if j == len(panel_names) - 1:
+                    ax.annotate(
+                        "0 (exactly unbiased)",
+                        (1.0, floor),
+                        xycoords=("axes fraction", "data"),
+                        xytext=(-2, 2),
+                        textcoords="offset points",
+                        ha="right",
+                        va="bottom",
+                        fontsize=6,
+                        color="0.35",
+                    )
+            if metric == "cosine":
+                ax.set_ylim(min(-0.05, float(np.nanmin(data.cosine)) - 0.05), 1.05)
+            if j == 0:
+                ax.set_ylabel(label, fontsize=7.5)
+            if i == 0:
+                ax.set_title(panel, fontsize=8.5)
+            if i == len(METRICS) - 1:
+                ax.set_xlabel(r"$\chi^2(\pi\,\|\,\mu)$")
+                ax.legend(
+                    fontsize=5.2,
+                    loc="upper center",
+                    bbox_to_anchor=(0.5, -0.32),
+                    handlelength=2.2,
+                    ncol=2,
+                    columnspacing=0.8,
+                )
     n = int(data.n.iloc[0])
     arms = int(data.arms.iloc[0])
-    fig.suptitle(
-        f"Every mapping on a {arms}-armed Bernoulli bandit, n = {n} samples per gradient estimate"
+    sub.suptitle(
+        f"Every mapping on a {arms}-armed Bernoulli bandit, n = {n} samples per gradient "
+        "estimate, by family",
+        fontsize=9.5,
     )
     return fig

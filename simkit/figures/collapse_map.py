@@ -8,8 +8,9 @@ carry a bias that grows with T (rl-collapse); the map shows where each recipe st
 
 Setting (full size): ``TokenMDP.answer_correct(V = 32, T ∈ {16, 64, 256})`` (R = 1 iff the last
 token is the answer: the task is equally hard at every T, and the T − 2 earlier positions only
-add off-policy noise to the sequence ratio), N ∈ {1, 4, 16, 64}, Adam (lr 0.03, gradient norm
-clipped to 1), 32 sequences per update, 150 steps (on-policy, N = 1, J reaches ≈ 0.95 of
+add off-policy noise to the sequence ratio), N ∈ {1, 4, 16, 64}, asynchronous lag 8, Adam
+(lr 0.3, gradient norm clipped to 1: the regime where ``collapse_regimes`` separates the
+recipes), 32 sequences per update, 150 steps (on-policy, N = 1, J reaches ≈ 0.95 of
 J* by then: a fixed budget, so that a recipe slowed down by staleness shows), exact J every 5,
 seeds 0 and 1. The value
 of a cell is the **normalised final gain** (J_final − J(π₀)) / (J* − J(π₀)) (1 = optimal,
@@ -50,7 +51,8 @@ NAME = "collapse_map"
 TITLE = "Final J over staleness N × length T, per recipe"
 CAPTION = (
     "normalised final gain (J_final − J₀)/(J* − J₀) of each recipe (GRPO, GSPO, SAPO, VESPO, "
-    "token-TIS, seq-MIS) after 150 Adam steps on a token MDP (answer_correct, V = 32) over "
+    "token-TIS, seq-MIS) after 150 Adam steps (lr 0.3, asynchronous lag 8) on a token MDP "
+    "(answer_correct, V = 32) over "
     "the staleness N (rows) and the sequence length T (columns), mean of 2 seeds; × marks a "
     "cell where a run collapsed (lost more than half of its best gain). The notes give the "
     "ranking in the hardest cell and the comparison with VESPO's claim, as measured."
@@ -72,8 +74,9 @@ class Config:
     staleness: tuple[int, ...] = (1, 4, 16, 64)
     minibatch_size: int = 32
     group_size: int = 8
+    lag: int = 8
     steps: int = 150
-    lr: float = 0.03
+    lr: float = 0.3
     max_grad_norm: float | None = 1.0
     record_every: int = 5
     seeds: tuple[int, ...] = (0, 1)
@@ -94,6 +97,7 @@ def config(small: bool = False) -> Config:
             minibatch_size=16,
             steps=24,
             lr=0.05,
+            lag=0,
             record_every=4,
             seeds=(0,),
         )
@@ -208,6 +212,7 @@ def compute(cfg: Config, workers: int | None = None) -> Data:
         "Cell value: normalised final gain (J_final − J(π₀)) / (J* − J(π₀)), J_final = mean "
         f"exact J over the last {TAIL_FRACTION:.0%} of the steps; × = a run lost more than "
         f"{COLLAPSE_FRACTION:.0%} of its best gain.",
+        staleness_curves.drift_note(runs, lambda row: f"at N = {row['N']}, T = {row['T']}"),
         *paper_verdict(grid),
     )
     return Data(

@@ -2,7 +2,8 @@
 
 Panel (a): for many random pairs (π, μ) — independent Dirichlet draws with several
 concentrations, plus "perturbed" pairs μ ∝ π·exp(σz) close to π — each member of the chain
-against χ²(π‖μ) on log axes. ½χ² and ½log(1+χ²) are functions of χ² (lines); TV² and ½KL
+against χ²(π‖μ) on log axes (½KL and ½log(1+χ²) in nats; TV² and ½χ² are dimensionless, so
+the y axis reads "value", not "nats"). ½χ² and ½log(1+χ²) are functions of χ² (lines); TV² and ½KL
 (points) stay below them on every pair (Pinsker; Jensen; reference sheet F).
 
 Panel (b): the two-parameter shift family (:func:`simkit.shifts.dial_pair`), applied to a
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import NullFormatter
 
 from simkit import divergence, shifts, theory
 from simkit.figures import _common, style
@@ -29,8 +31,13 @@ TITLE = "TV² ≤ ½KL ≤ ½log(1+χ²) ≤ ½χ², and same KL with growing χ
 CAPTION = (
     "the Pinsker–Jensen chain on random categorical pairs (Dirichlet draws), each member "
     "against χ²; and a two-parameter shift family holding KL fixed while χ² grows — a KL "
-    "trust region does not bound χ²."
+    "trust region does not bound χ². Units: KL and log(1+χ²) are in nats; TV² and χ² are "
+    "dimensionless (a squared probability difference and a variance of π/μ), so the chain "
+    "compares numbers, not quantities in one unit."
 )
+
+#: y-axis label: the four members do not share a unit
+UNITS_LABEL = "value\n(½KL, ½log(1+χ²) in nats; TV², ½χ² unitless)"
 
 CHAIN = (
     ("tv_sq", r"$\mathrm{TV}^2$"),
@@ -182,7 +189,7 @@ def draw(data: Data):
     ax_a.set_xscale("log")
     ax_a.set_yscale("log")
     ax_a.set_xlabel(r"$\chi^2(\pi\,\|\,\mu)$")
-    ax_a.set_ylabel("divergence (nats)")
+    ax_a.set_ylabel(UNITS_LABEL)
     n_pairs = len(data.pairs)
     ok = int(data.pairs.holds.sum())
     ax_a.set_title(f"random pairs: chain holds on {ok}/{n_pairs}")
@@ -225,8 +232,9 @@ def draw(data: Data):
     ax_b.set_xscale("log")
     ax_b.set_yscale("log")
     ax_b.set_xlabel(r"$\chi^2(\pi\,\|\,\mu)$ (KL held fixed)")
-    ax_b.set_ylabel("divergence (nats)")
-    ax_b.set_title(r"two-parameter shift: same KL, growing $\chi^2$")
+    ax_b.xaxis.set_minor_formatter(NullFormatter())
+    ax_b.set_ylabel(UNITS_LABEL)
+    ax_b.set_title(r"tilt shift: same KL, growing $\chi^2$")
     ax_b.legend(loc="upper left")
     _common.panel_label(ax_b, "b")
     fig.suptitle(

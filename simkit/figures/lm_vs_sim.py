@@ -7,7 +7,7 @@ variance, and the exact ∇J, with respect to the final RMSNorm weight
 (:func:`simkit.lm.exact.exact_study`; batch-dependent mappings by Monte Carlo over exact leaf
 draws). Against that truth, on the *same* truncated LM:
 
-(a) the Monte Carlo gradient study (:func:`simkit.lm.exact.mc_study`: ``reps`` batches of n
+(a) the Monte Carlo gradient study (:func:`simkit.lm.topk.mc_study`: ``reps`` batches of n
     responses from μ_k against an on-policy REINFORCE reference of ``n_ref`` responses) —
     coverage: the share of mappings whose 95% intervals of bias and variance contain the exact
     value of the *same* estimator (its advantage R − Ĵ uses the study's pilot estimate Ĵ, so
@@ -258,7 +258,7 @@ def _old_twin(cfg, ex, ests):
 
 
 def compute(cfg: Config) -> Data:
-    from simkit.lm import exact, mismatch, twin, twin_dist
+    from simkit.lm import exact, mismatch, topk, twin, twin_dist
 
     t_start, cpu_start = time.perf_counter(), time.process_time()
     model, tokenizer, task, eos = load(cfg)
@@ -295,7 +295,7 @@ def compute(cfg: Config) -> Data:
         # (a) the Monte Carlo study on the same truncated LM
         t0 = time.perf_counter()
         prompt_task = _PromptSubset(task, cfg.prompts)
-        mc = exact.mc_study(
+        mc = topk.mc_study(
             pair.target,
             prompt_task,
             ests,

@@ -35,6 +35,7 @@ from simkit.config import TrainSweepConfig, mismatch_to_dict
 from simkit.figures.staleness_curves import (
     check_grid,
     collapse_line,
+    drift_note,
     environment_note,
     ranking,
     recipe_style,
@@ -233,6 +234,7 @@ def compute(cfg: Config, workers: int | None = None) -> Data:
         ),
         f"Final J = mean exact J over the last {TAIL_FRACTION:.0%} of the steps; a run "
         f"'collapsed' if it lost more than {COLLAPSE_FRACTION:.0%} of its best gain.",
+        drift_note(runs, lambda row: f"under {row['mismatch']}"),
         *paper_verdict(summary, list(order)),
     ]
     return Data(

@@ -12,15 +12,20 @@ noise; :func:`dialed_behaviour`), for each T of two grids. Every per-sample mapp
 oracle advantage, ``seq-mean-token-sum``) runs through :func:`simkit.experiment.run`:
 
 - ``exact_lengths``: the exact path (all V^T sequences enumerated; V^T ≤ 2^16);
+- ``dp_lengths``: the exact path beyond enumeration for the mappings with a moment DP (every
+  token-level mapping, sequence IS and ``power``: :mod:`simkit.envs.token_moments`, mean *and*
+  variance), so their curves are exact at every T;
 - ``mc_lengths``: Monte Carlo (``mc_reps`` independent batches of n sequences, common random
-  numbers across mappings, 95% bootstrap bounds ``*_lo``/``*_hi``), for lengths beyond the
-  enumeration. The grids may overlap (the tests compare both paths there).
+  numbers across mappings, 95% bootstrap bounds ``*_lo``/``*_hi``, the ``reliable`` flag of
+  :mod:`simkit.reliability`) for every mapping, drawn only where no exact value exists (the
+  sequence-level mappings without a DP). The grids may overlap (the tests compare the paths).
 
 The batch-dependent mappings (snis, psis, m2po) have no exact path and are left out.
 
 Data: the tidy DataFrame of :func:`simkit.experiment.run`, one row per (mapping, T, path),
-plus ``method`` (``"enumeration"`` or ``"monte_carlo"``), ``family`` and ``delta_max`` (the
-largest per-state TV(π, μ), for the rl-collapse bias shape) and ``grad_norm`` (‖∇J‖).
+plus ``method`` (``"enumeration"``, ``"dp"`` or ``"monte_carlo"``), ``family`` and
+``delta_max`` (the largest per-state TV(π, μ), for the rl-collapse bias shape) and
+``grad_norm`` (‖∇J‖); ``data.attrs["claims"]`` the sentences of :func:`claims`.
 """
 
 from __future__ import annotations
@@ -40,13 +45,14 @@ NAME = "mse_vs_T"
 TITLE = "MSE and cosine of every mapping vs T"
 CAPTION = (
     "every per-sample mapping on a token MDP (answer_correct, V = 2) at a fixed per-token "
-    "χ²(π‖μ) in every state, against the sequence length T: MSE (a) and cosine to ∇J (b). "
-    "Filled markers: exact, by enumeration of all V^T sequences (T ≤ 12); open markers with "
-    "95% bootstrap bands: Monte Carlo (independent batches, common random numbers) beyond. "
-    "Sequence IS (thick) starts among the token-level mappings and crosses above all of them "
-    "as its variance grows like (1+χ²)^T; where the curves cross is the practical answer to "
-    "'token or sequence?'. Sequence IS is exactly unbiased: its Monte Carlo cosine below 1 "
-    "at large T is sampling noise (its band reaches 1)."
+    "χ²(π‖μ) in every state, against the sequence length T (oracle advantage A = R − J(μ), "
+    "seq-mean-token-sum, untied parameters): MSE (a) and cosine to ∇J (b). Solid lines, filled "
+    "markers: exact — by enumeration of all V^T sequences (T ≤ 12) and, beyond, by the moment "
+    "dynamic programme (mean and variance) for every token-level mapping, sequence IS and "
+    "power. Dashed with 95% bootstrap bands: Monte Carlo, only for the sequence-level mappings "
+    "without a DP; hollow markers are Monte Carlo points marked unreliable (heavy or unseen "
+    "tails, simkit.reliability). The sentence under the figure (where sequence IS's MSE "
+    "crosses above every token-level mapping) is computed from the drawn data."
 )
 
 #: mappings drawn with a thick line (the comparison the figure is about)
@@ -64,6 +70,7 @@ class Config:
 
     V: int = 2
     exact_lengths: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 10, 12)
+    dp_lengths: tuple[int, ...] = (16, 24, 32, 48, 64, 96, 128)
     mc_lengths: tuple[int, ...] = (16, 24, 32, 48, 64, 96, 128)
     chi2_tok: float = 0.05
     scale: float = 1.0
@@ -78,9 +85,11 @@ class Config:
     def __post_init__(self):
         if self.V < 2:
             raise ValueError(f"V must be >= 2, got {self.V}")
-        if not self.exact_lengths and not self.mc_lengths:
-            raise ValueError("exact_lengths and mc_lengths are both empty: no T to compute")
-        for name in ("exact_lengths", "mc_lengths"):
+        if not (self.exact_lengths or self.dp_lengths or self.mc_lengths):
+            raise ValueError(
+                "exact_lengths, dp_lengths and mc_lengths are all empty: no T to compute"
+            )
+        for name in ("exact_lengths", "dp_lengths", "mc_lengths"):
             lengths = getattr(self, name)
             if lengths and min(lengths) < 1:
                 raise ValueError(f"{name} must be positive integers, got {lengths}")
@@ -99,14 +108,15 @@ class Config:
 
     @property
     def lengths(self) -> tuple[int, ...]:
-        """Every T of the figure (both grids), sorted, without repeats."""
-        return tuple(sorted(set(self.exact_lengths) | set(self.mc_lengths)))
+        """Every T of the figure (all grids), sorted, without repeats."""
+        return tuple(sorted(set(self.exact_lengths) | set(self.dp_lengths) | set(self.mc_lengths)))
 
 
 def config(small: bool = False) -> Config:
     if small:
         return Config(
             exact_lengths=(1, 2, 4, 6),
+            dp_lengths=(16, 24),
             mc_lengths=(6, 16),
             reps=5,
             mc_reps=400,
@@ -136,8 +146,17 @@ def dialed_behaviour(env: TokenMDP, chi2_tok: float, family: str) -> np.ndarray:
     return np.array(np.broadcast_to(first, pi.shape))
 
 
+def dp_mappings(names) -> list[str]:
+    """The mappings of ``names`` with a moment DP (exact at any T)."""
+    from simkit.envs.token_moments import dp_applies
+
+    env = TokenMDP.answer_correct(V=2, T=1)
+    return [n for n in names if not dp_applies(env, mappings.get(n), "seq-mean-token-sum")]
+
+
 def sweep_lengths(cfg: Config, names, lengths, exact: bool) -> pd.DataFrame:
-    """``experiment.run`` of the mappings ``names`` at every T of ``lengths`` (exact or MC)."""
+    """``experiment.run`` of the mappings ``names`` at every T of ``lengths`` (exact: by
+    enumeration where V^T fits the budget, else by DP; or Monte Carlo)."""
     ests = [
         Estimator(mappings.get(n), aggregation="seq-mean-token-sum", advantage="oracle", name=n)
         for n in names
@@ -157,7 +176,7 @@ def sweep_lengths(cfg: Config, names, lengths, exact: bool) -> pd.DataFrame:
             n_boot=cfg.n_boot,
             progress=False,
         )
-        frame["method"] = "enumeration" if exact else "monte_carlo"
+        frame["method"] = ("enumeration" if env.enumerable() else "dp") if exact else "monte_carlo"
         frame["delta_max"] = float(np.nanmax(env.divergence_profile(mu)["tv_max"]))
         frame["grad_norm"] = float(np.linalg.norm(env.grad_J()))
         frames.append(frame)
@@ -168,12 +187,53 @@ def sweep_lengths(cfg: Config, names, lengths, exact: bool) -> pd.DataFrame:
 
 def compute(cfg: Config) -> pd.DataFrame:
     names = list(cfg.mapping_names) if cfg.mapping_names is not None else per_sample_mappings()
+    grids = ((names, cfg.exact_lengths, True), (dp_mappings(names), cfg.dp_lengths, True))
     parts = [
-        sweep_lengths(cfg, names, lengths, exact)
-        for lengths, exact in ((cfg.exact_lengths, True), (cfg.mc_lengths, False))
-        if lengths
+        sweep_lengths(cfg, subset, lengths, exact)
+        for subset, lengths, exact in (*grids, (names, cfg.mc_lengths, False))
+        if lengths and subset
     ]
-    return pd.concat(parts, ignore_index=True)
+    data = pd.concat(parts, ignore_index=True)
+    data.attrs["claims"] = claims(data)
+    return data
+
+
+def crossing(data: pd.DataFrame):
+    """(T, MSE) of the first length at which sequence IS's exact MSE exceeds the exact MSE of
+    every token-level mapping drawn, or None; also the token-level mapping with the largest MSE
+    there."""
+    exact = data[data.exact]
+    token = [n for n in dict.fromkeys(exact.mapping) if mappings.mapping_class(n).level == "token"]
+    for T in sorted(exact["T"].unique()):
+        at = exact[exact["T"] == T].set_index("mapping")
+        if "is_seq" not in at.index or not all(n in at.index for n in token):
+            continue
+        worst = at.loc[token, "mse"].idxmax()
+        if at.loc["is_seq", "mse"] > at.loc[worst, "mse"]:
+            return int(T), float(at.loc["is_seq", "mse"]), worst, float(at.loc[worst, "mse"])
+    return None
+
+
+def claims(data: pd.DataFrame) -> list[str]:
+    """The measured sentences printed under the figure, built from the exact rows."""
+    found = crossing(data)
+    exact = data[data.exact]
+    if found is None:
+        T_max = int(exact["T"].max()) if len(exact) else 0
+        return [f"Sequence IS's exact MSE stays below some token-level mapping up to T = {T_max}."]
+    T, mse, worst, worst_mse = found
+    lines = [
+        f"Sequence IS's exact MSE first exceeds every token-level mapping's at T = {T} "
+        f"({mse:.3g} against {worst}'s {worst_mse:.3g})."
+    ]
+    mc = data[~data.exact]
+    if "reliable" in mc and len(mc):
+        bad = mc[mc["reliable"] == False]  # noqa: E712
+        lines.append(
+            f"Monte Carlo rows marked unreliable: {len(bad)} of {len(mc)}"
+            + (f" ({', '.join(sorted(set(bad.mapping)))})." if len(bad) else ".")
+        )
+    return lines
 
 
 def _curve(data: pd.DataFrame, name: str) -> pd.DataFrame:
@@ -183,10 +243,11 @@ def _curve(data: pd.DataFrame, name: str) -> pd.DataFrame:
 
 
 def draw(data: pd.DataFrame):
-    fig = _common.new_figure(7.6, 4.6)
+    fig = _common.new_figure(7.6, 4.8)
     axes = fig.subplots(1, 2, sharex=True)
     names = list(dict.fromkeys(data.mapping))
-    t_exact_max = data.loc[data.exact, "T"].max() if data.exact.any() else None
+    enum = data.method == "enumeration"
+    t_exact_max = data.loc[enum, "T"].max() if enum.any() else None
     for ax, (metric, label, scale) in zip(
         axes,
         (
@@ -207,27 +268,38 @@ def draw(data: pd.DataFrame):
             kwargs = style.line_kwargs(name, linewidth=width)
             exact = part.exact.to_numpy(dtype=bool)
             (line,) = ax.plot(
-                T, y, marker=style.marker(name), markersize=2.8, markevery=list(exact), **kwargs
+                T[exact], y[exact], marker=style.marker(name), markersize=2.8, **kwargs
             )
-            ax.plot(
-                T[~exact],
-                y[~exact],
-                linestyle="none",
-                marker=style.marker(name),
-                markersize=3.2,
-                markerfacecolor="white",
-                markeredgewidth=0.8,
-                color=line.get_color(),
-            )
-            mc = ~exact & np.isfinite(lo) & np.isfinite(hi)
+            mc = ~exact
             if mc.any():
-                ax.fill_between(
-                    T[mc], lo[mc], hi[mc], color=line.get_color(), alpha=0.12, linewidth=0
+                ax.plot(
+                    T[mc],
+                    y[mc],
+                    linestyle="--",
+                    linewidth=width * 0.8,
+                    marker=style.marker(name),
+                    markersize=3.0,
+                    color=line.get_color(),
                 )
-        if t_exact_max is not None and (~data.exact).any():
+                band = mc & np.isfinite(lo) & np.isfinite(hi)
+                if band.any():
+                    ax.fill_between(
+                        T[band], lo[band], hi[band], color=line.get_color(), alpha=0.12, linewidth=0
+                    )
+                if "reliable" in part:
+                    _common.mark_unreliable(
+                        ax,
+                        T[mc],
+                        y[mc],
+                        part["reliable"].to_numpy()[mc],
+                        line.get_color(),
+                        style.marker(name),
+                        4.0,
+                    )
+        if t_exact_max is not None and (~enum).any():
             ax.axvline(t_exact_max, color="0.5", linewidth=0.6, linestyle=":")
             ax.annotate(
-                "exact ← | → Monte Carlo",
+                "enumeration ← | → DP (exact) and Monte Carlo",
                 (t_exact_max, 0.0),
                 xycoords=("data", "axes fraction"),
                 xytext=(0, 3),
@@ -255,6 +327,8 @@ def draw(data: pd.DataFrame):
     )
     mc = data[~data.exact]
     reps = f", {int(mc.reps.iloc[0])} MC batches" if len(mc) else ""
+    notes = data.attrs.get("claims") or claims(data)
+    fig.supxlabel("\n".join(notes), x=0.01, ha="left", fontsize=6, color="0.2")
     fig.suptitle(
         f"Token MDP (answer_correct), χ²(π‖μ) = {float(data.chi2_tok.iloc[0]):.3g} in every "
         f"state, n = {int(data.n.iloc[0])}{reps}"

@@ -7,7 +7,8 @@
   version and the cell key), in expansion order;
 - ``out_dir/report/<metric>.png`` for ``bias``, ``variance``, ``mse`` and ``cosine`` — the
   metric against the swept setting, one line per estimator (colours of
-  :mod:`simkit.figures.style`), Monte Carlo rows with their bootstrap bounds as error bars.
+  :mod:`simkit.figures.style`), Monte Carlo rows with their bootstrap bounds as error bars;
+  rows marked ``reliable = False`` (:mod:`simkit.reliability`) are drawn hollow, with a note.
 
 The x axis is the first swept setting column in the order ``target``, ``T``, ``n``, then the
 config's other columns; every other swept column makes one panel per value combination (at most
@@ -84,8 +85,8 @@ def report(out_dir, partial: bool = False) -> tuple[pd.DataFrame, list[Path]]:
     if table.empty:
         raise sweep.SweepError(f"{out} has no finished cells to report")
     parquet, csv = out / "results.parquet", out / "results.csv"
-    table.to_parquet(parquet, index=False, engine="pyarrow")
-    table.to_csv(csv, index=False)
+    sweep.write_table(table, parquet)  # atomically (issue 13): never a half-written file
+    sweep.write_table(table, csv)
     paths = [parquet, csv]
     figure_dir = out / REPORT_DIR
     figure_dir.mkdir(exist_ok=True)
@@ -181,6 +182,7 @@ def draw_metric(table: pd.DataFrame, metric: str, label: str, scale: str, swept:
             title_fontsize=7.5,
         )
         fig.suptitle(f"{metric} vs {x_col}")
+        _note_unreliable(fig, table)
         figures.append(fig)
     return figures
 
@@ -213,6 +215,10 @@ def _draw_panel(ax, part, metric, scale, x_col, styles, floor) -> None:
             ax.errorbar(x, y, yerr=[below, above], capsize=1.5, elinewidth=0.7, **kw)
         else:
             ax.plot(x, y, **kw)
+        if "reliable" in rows:  # Monte Carlo rows whose intervals cannot be trusted: hollow
+            _common.mark_unreliable(
+                ax, x, y, rows["reliable"].to_numpy(), kw.get("color"), kw.get("marker", "o"), 4
+            )
     if numeric:
         xs = part[x_col].to_numpy(dtype=float)
         xs = xs[np.isfinite(xs)]
@@ -222,22 +228,13 @@ def _draw_panel(ax, part, metric, scale, x_col, styles, floor) -> None:
         ax.set_xticks(range(len(categories)), [_fmt(v) for v in categories])
     ax.set_yscale(scale)
     if floor is not None:
-        _mark_floor(ax, floor)
+        _common.mark_floor(ax, floor, "0")
 
 
-def _mark_floor(ax, floor: float) -> None:
-    ax.axhline(floor, color="0.5", linewidth=0.6, linestyle=":")
-    ax.annotate(
-        "0",
-        (1.0, floor),
-        xycoords=("axes fraction", "data"),
-        xytext=(-2, 2),
-        textcoords="offset points",
-        ha="right",
-        va="bottom",
-        fontsize=7,
-        color="0.35",
-    )
+def _note_unreliable(fig, table: pd.DataFrame) -> None:
+    """A footnote when some rows are marked ``reliable = False`` (drawn hollow)."""
+    if "reliable" in table and (table["reliable"] == False).any():  # noqa: E712 (NaN-safe)
+        fig.supxlabel(_common.UNRELIABLE_NOTE, x=0.01, ha="left", fontsize=6, color="0.3")
 
 
 def _bar_figure(table, metric, label, scale, styles, floor):
@@ -252,7 +249,7 @@ def _bar_figure(table, metric, label, scale, styles, floor):
     ax.set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=6.5)
     ax.set_yscale(scale)
     if floor is not None:
-        _mark_floor(ax, floor)
+        _common.mark_floor(ax, floor, "0")
     ax.set_ylabel(label)
     fig.suptitle(f"{metric} per estimator")
     return fig

@@ -42,7 +42,7 @@ NAME = "seq_tis_optimal_c"
 TITLE = "Seq-TIS: MSE vs truncation level C"
 CAPTION = (
     "exact bias² and MSE (one sample, and a batch of n) of sequence-level truncated IS "
-    "min(W, C)·A·∇log π "
+    "min(W, C)·A·∇log π (oracle advantage A = R − J(μ)) "
     "on a token MDP (every sequence enumerated), against C, for two sequence-level χ²_seq; "
     "the rl-collapse bound 4K²(1+χ²)²/C² + K²C² (dashed) and its minimiser C* = √(2(1+χ²)) "
     "(dotted); the measured optimum (star) and untruncated sequence IS (C → ∞, grey)."

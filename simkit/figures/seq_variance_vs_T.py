@@ -18,11 +18,20 @@ Three sources per per-token χ²:
   χ²_seq = ``env.chi2_seq(mu)`` (transfer-matrix DP) differs from (1+χ̄²)^T because the
   per-state χ² vary (Markov points: Monte Carlo from ``env.sample``).
 
+The Markov exact curve is the DP at every length of a dense grid (``markov_curve``), not only
+at the Monte Carlo lengths.
+
 At large χ²_seq the Monte Carlo estimate falls below the truth: E_μ[W²] is carried by rare
 sequences that n draws do not contain (the SE from the same draws does not see them either).
+Every Monte Carlo point therefore carries ``reliable`` (:mod:`simkit.reliability`): False when
+the exact tail visibility ν = n·(E W²)²/E W⁴ is below 10 (E W⁴ exact: (Σ π⁴/μ³)^T for
+independent tokens, the product-form DP :func:`simkit.envs.token_moments.weight_moment` on the
+Markov MDP) or when the draws' own W² have k̂ > 0.7 or one draw carries half their sum; such
+points are drawn hollow. ``tail_draws`` is ν.
 
-Data (dict): ``curves`` (chi2_tok, T, exact), ``iid_mc`` and ``markov`` (chi2_tok, T, value, se
-[, dp, chi2_tok_achieved]), ``config``.
+Data (dict): ``curves`` (chi2_tok, T, exact), ``markov_curve`` (chi2_tok, T, dp), ``iid_mc`` and
+``markov`` (chi2_tok, T, value, se, reliable, tail_draws [, dp, chi2_tok_achieved]),
+``config``.
 """
 
 from __future__ import annotations
@@ -32,9 +41,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from simkit import divergence, theory
+from simkit import divergence, reliability, theory
 from simkit.envs import TokenMDP
 from simkit.envs.behaviour import behaviour
+from simkit.envs.token_moments import weight_moment
 from simkit.figures import _common
 from simkit.figures.vespo_bound import policy_pair
 
@@ -44,7 +54,10 @@ CAPTION = (
     "Var_μ(W) = χ²_seq of the sequence ratio vs T for several per-token χ²(π‖μ): exact "
     "(1+χ²)^T − 1 for independent tokens (lines), Monte Carlo ±2 SE (circles), and the exact "
     "transfer-matrix DP of a first-order Markov token MDP whose occupancy-averaged per-token χ² "
-    "is the same (dashed, squares: Monte Carlo); log scale."
+    "is the same (dashed, at every T of the grid; squares: Monte Carlo); log scale. Hollow "
+    "markers: Monte Carlo points marked unreliable — fewer than 10 of the n draws are expected "
+    "in the tail that carries E_μ[W²] (exact E_μ[W⁴]), or the draws' own tail is too heavy — "
+    "where the estimate falls far below the exact value."
 )
 
 
@@ -82,10 +95,28 @@ def config(small: bool = False) -> Config:
     return Config()
 
 
+def _reliable(log_w: np.ndarray, nu: float) -> bool:
+    """:func:`simkit.reliability.is_reliable` for a Monte Carlo mean of W² (draws: W²)."""
+    w2 = np.exp(2.0 * (log_w - log_w.max()))  # scale-free: k̂ and shares do not need the scale
+    khat, share = reliability.draw_checks(w2, w2)
+    return reliability.is_reliable(khat, share, nu)
+
+
+def _markov_env(cfg: Config, chi2_tok: float, T: int):
+    env = TokenMDP.markov(V=cfg.V, T=int(T), seed=cfg.seed, scale=cfg.scale)
+    mu = behaviour(
+        env, chi2_tok, "chi2", level="token", family=cfg.shift_family, aggregate="average"
+    )
+    return env, mu
+
+
 def compute(cfg: Config) -> dict:
     rng = np.random.default_rng(cfg.seed)
     t_curve = np.unique(np.geomspace(1, max(cfg.lengths), 100).round())
-    curves, iid_mc, markov = [], [], []
+    t_markov = np.unique(
+        np.concatenate([np.geomspace(1, max(cfg.lengths), 24).round(), cfg.markov_lengths])
+    ).astype(int)
+    curves, iid_mc, markov, markov_curve = [], [], [], []
     for chi2_tok in cfg.chi2_toks:
         curves.append(
             pd.DataFrame(
@@ -98,17 +129,36 @@ def compute(cfg: Config) -> dict:
         )
         pi, mu = policy_pair(cfg.V, chi2_tok, cfg.shift_family, cfg.seed)
         log_ratio = np.log(pi) - np.log(mu)
+        # exact E W² = m2^T and E W⁴ = m4^T for independent tokens: ν = n·(m2²/m4)^T
+        m2, m4 = float(np.sum(pi**2 / mu)), float(np.sum(pi**4 / mu**3))
         for T in cfg.lengths:
             log_w = rng.multinomial(int(T), mu, size=cfg.n) @ log_ratio
             est = divergence.chi2_mc(log_w)
-            iid_mc.append({"chi2_tok": chi2_tok, "T": int(T), "value": est.value, "se": est.se})
-        for T in cfg.markov_lengths:
-            env = TokenMDP.markov(V=cfg.V, T=int(T), seed=cfg.seed, scale=cfg.scale)
-            mu_env = behaviour(
-                env, chi2_tok, "chi2", level="token", family=cfg.shift_family, aggregate="average"
+            nu = cfg.n * (m2**2 / m4) ** int(T)
+            iid_mc.append(
+                {
+                    "chi2_tok": chi2_tok,
+                    "T": int(T),
+                    "value": est.value,
+                    "se": est.se,
+                    "reliable": _reliable(log_w, nu),
+                    "tail_draws": nu,
+                }
             )
+        for T in t_markov:
+            env, mu_env = _markov_env(cfg, chi2_tok, int(T))
+            markov_curve.append(
+                {"chi2_tok": chi2_tok, "T": int(T), "dp": float(env.chi2_seq(mu_env))}
+            )
+        for T in cfg.markov_lengths:
+            env, mu_env = _markov_env(cfg, chi2_tok, int(T))
             batch = env.sample(mu_env, cfg.n, rng)
-            est = divergence.chi2_mc(batch.log_ratio.sum(axis=-1))
+            log_w = batch.log_ratio.sum(axis=-1)
+            est = divergence.chi2_mc(log_w)
+            log_m2 = weight_moment(env, mu_env, 2.0, log=True)
+            nu = cfg.n * float(
+                np.exp(min(2 * log_m2 - weight_moment(env, mu_env, 4.0, log=True), 0))
+            )
             markov.append(
                 {
                     "chi2_tok": chi2_tok,
@@ -117,10 +167,13 @@ def compute(cfg: Config) -> dict:
                     "chi2_tok_achieved": float(env.divergences_tok(mu_env)["chi2_tok"]),
                     "value": est.value,
                     "se": est.se,
+                    "reliable": _reliable(log_w, nu),
+                    "tail_draws": nu,
                 }
             )
     return {
         "curves": pd.concat(curves, ignore_index=True),
+        "markov_curve": pd.DataFrame(markov_curve),
         "iid_mc": pd.DataFrame(iid_mc),
         "markov": pd.DataFrame(markov),
         "config": cfg,
@@ -157,8 +210,13 @@ def draw(data: dict):
             capsize=1.5,
             elinewidth=0.7,
         )
+        _common.mark_unreliable(
+            ax, p["T"], _common.finite_positive(p.value), p.reliable, color, "o", 4.5
+        )
+        mc_curve = data["markov_curve"]
+        c = mc_curve[mc_curve.chi2_tok == chi2]
+        ax.plot(c["T"], c.dp, color=color, linestyle="--", linewidth=1.0)
         m = markov[markov.chi2_tok == chi2]
-        ax.plot(m["T"], m.dp, color=color, linestyle="--", linewidth=1.0)
         ax.errorbar(
             m["T"],
             _common.finite_positive(m.value),
@@ -168,17 +226,22 @@ def draw(data: dict):
             markersize=3,
             capsize=1.5,
             elinewidth=0.7,
-            markerfacecolor="white",
+        )
+        _common.mark_unreliable(
+            ax, m["T"], _common.finite_positive(m.value), m.reliable, color, "s", 4.5
         )
     ax.plot([], [], color="0.3", label="independent tokens, exact")
     ax.plot([], [], color="0.3", linestyle="--", label="Markov token MDP, exact DP")
     ax.errorbar([], [], yerr=[], fmt="o", color="0.3", markersize=3, label="Monte Carlo ±2 SE")
+    ax.plot(
+        [], [], "o", color="0.3", markerfacecolor="white", label="Monte Carlo, unreliable (hollow)"
+    )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("sequence length T")
     ax.set_ylabel(r"$\mathrm{Var}_\mu(W) = \chi^2_{seq}(\pi\,\|\,\mu)$")
     ax.legend(fontsize=6.5, loc="upper left")
     ax.set_title(
-        f"Sequence IS variance explodes with T (V = {cfg.V}, n = {cfg.n} sequences per point)"
+        f"Sequence IS variance vs T (V = {cfg.V}, n = {cfg.n} draws per MC point)", fontsize=9
     )
     return fig

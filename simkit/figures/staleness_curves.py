@@ -8,13 +8,16 @@ schedule in a world where J and ∇J are exact: a tabular policy on a token MDP
 aggregation, GRPO group advantage), N ∈ {1, 4, 8, 16, 32, 64}, several seeds.
 
 Setting (full size): ``TokenMDP.at_least_k(V = 32, T = 64, k = 6)`` (R = 1 iff token 0 occurs
-at least 6 times; J(π₀) ≈ 0.003, J* = 1), Adam (lr 0.03, gradient norm clipped to 1), mini-batch
+at least 6 times; J(π₀) ≈ 0.003, J* = 1), asynchronous lag of 8 policy versions, Adam (lr 0.3,
+gradient norm clipped to 1) — the corner of the ``collapse_regimes`` map where the recipes
+separate (issue 16; at lag 0, lr 0.03 no run drifts beyond KL_seq ≈ 5 nats), mini-batch
 of m = 32 sequences (4 groups of G = 8) per update and rollout batch N·m, so that every N takes
 the same 1000 updates on the same number of samples and only the staleness changes; J exact
-every 10 steps; seeds 0, 1, 2 (a seed fixes the run's random streams: the N = 1 runs of every
-recipe are the on-policy REINFORCE curve — bit for bit among recipes with the same aggregation,
-to rounding between token-mean and seq-mean-token-mean, which give every token of these
-fixed-length sequences the same weight 1/(m·T) computed in another order).
+every 10 steps; seeds 0, 1, 2 (a seed fixes the run's random streams; without lag — the small
+test configuration — the N = 1 runs of every recipe are the on-policy REINFORCE curve, bit for
+bit among recipes with the same aggregation, to rounding between token-mean and
+seq-mean-token-mean, which give every token of these fixed-length sequences the same weight
+1/(m·T) computed in another order).
 
 The grid is a :class:`simkit.config.TrainSweepConfig` (:func:`sweep_config`;
 ``configs/train_staleness_curves.toml`` is the same grid, so ``simkit sweep`` reproduces the
@@ -37,7 +40,14 @@ import pandas as pd
 from simkit.config import TrainSweepConfig
 from simkit.figures import _common, style
 from simkit.sweep import run_config
-from simkit.train.analysis import COLLAPSE_FRACTION, TAIL_FRACTION, band, optimal_J, run_summary
+from simkit.train.analysis import (
+    COLLAPSE_FRACTION,
+    KL_SEQ_EXPLOSION,
+    TAIL_FRACTION,
+    band,
+    optimal_J,
+    run_summary,
+)
 from simkit.train.recipes import RECIPES, recipe_entry, recipe_label, recipe_of
 
 NAME = "staleness_curves"
@@ -46,8 +56,9 @@ CAPTION = (
     "exact J(π) against the optimizer step for the GRPO, GSPO, SAPO, VESPO, token-TIS and "
     "seq-MIS recipes on a token MDP (at_least_k, V = 32, T = 64, J* = 1), one panel per "
     "staleness N (a rollout batch of N mini-batches of 32 sequences, updated in sequence; "
-    "Adam, lr 0.03), mean over 3 seeds with the min–max band. At N = 1 every recipe is "
-    "on-policy REINFORCE and the curves coincide. The notes under the panels state whether the "
+    "asynchronous lag 8, Adam, lr 0.3: the regime where the collapse_regimes map separates the "
+    "recipes), mean over 3 seeds with the min–max band. The notes state the drift reached and "
+    "whether the "
     "paper's ordering (VESPO stable to N = 64 while GRPO, GSPO and SAPO collapse) is reproduced "
     "here, as measured."
 )
@@ -64,7 +75,8 @@ class Config:
     """The environment (``constructor``, ``V``, ``T``, ``env_kwargs``, ``scale``,
     ``env_seed``: a :class:`~simkit.config.TokenMDPConfig`), the ``recipes``, the
     ``staleness`` values N, the mini-batch size m (rollout batch N·m), the GRPO
-    ``group_size``, the optimizer (Adam, ``lr``, ``max_grad_norm``), ``steps``,
+    ``group_size``, the asynchronous ``lag``, the optimizer (Adam, ``lr``, ``max_grad_norm``),
+    ``steps``,
     ``record_every`` and the ``seeds``."""
 
     constructor: str = "at_least_k"
@@ -77,8 +89,9 @@ class Config:
     staleness: tuple[int, ...] = (1, 4, 8, 16, 32, 64)
     minibatch_size: int = 32
     group_size: int = 8
+    lag: int = 8
     steps: int = 1000
-    lr: float = 0.03
+    lr: float = 0.3
     max_grad_norm: float | None = 1.0
     record_every: int = 10
     seeds: tuple[int, ...] = (0, 1, 2)
@@ -111,6 +124,7 @@ def config(small: bool = False) -> Config:
             minibatch_size=16,
             steps=40,
             lr=0.05,
+            lag=0,
             record_every=4,
             seeds=(0, 1),
         )
@@ -144,6 +158,7 @@ def sweep_config(cfg: Config, name: str = NAME) -> TrainSweepConfig:
         "minibatch_size": cfg.minibatch_size,
         "minibatches": list(cfg.staleness),
         "lr": cfg.lr,
+        "lag": [cfg.lag],
         "optimizer": "adam",
         "record_every": cfg.record_every,
         "seeds": list(cfg.seeds),
@@ -206,8 +221,23 @@ def schedule_note(sweep: TrainSweepConfig) -> str:
     lrs = ", ".join(f"{lr:g}" for lr in sweep.lr)
     seeds = ", ".join(str(s) for s in sweep.seeds)
     return (
-        f"{sweep.optimizer.capitalize()} (lr {lrs}{clip}); {size}; {sweep.steps} steps, exact J "
+        f"{sweep.optimizer.capitalize()} (lr {lrs}{clip}); {size}; asynchronous lag "
+        f"{', '.join(str(k) for k in sweep.lag)} rollout(s); {sweep.steps} steps, exact J "
         f"every {sweep.record_every}; seeds {seeds} (a seed fixes a run's random streams)."
+    )
+
+
+def drift_note(runs: pd.DataFrame, where) -> str:
+    """One note line: the drift the runs reached — the largest KL_seq(π‖μ) at a recorded step
+    (and its run: ``where(row)`` gives the setting, e.g. "at N = 64"), the median over runs of
+    each run's largest, and how many runs exceeded :data:`KL_SEQ_EXPLOSION`."""
+    row = runs.loc[runs["kl_seq_max"].idxmax()]
+    over = int((runs["kl_seq_max"] > KL_SEQ_EXPLOSION).sum())
+    return (
+        f"Drift reached: largest KL_seq(π‖μ) at a recorded step {row['kl_seq_max']:.3g} nats "
+        f"({recipe_label(row['recipe'])} {where(row)}); median of the runs' largest "
+        f"{runs['kl_seq_max'].median():.3g} nats; {over} of {len(runs)} runs above "
+        f"{KL_SEQ_EXPLOSION:g} nats."
     )
 
 
@@ -326,6 +356,7 @@ def compute(cfg: Config, workers: int | None = None) -> Data:
         schedule_note(sweep),
         f"Final J = mean exact J over the last {TAIL_FRACTION:.0%} of the steps; a run "
         f"'collapsed' if it lost more than {COLLAPSE_FRACTION:.0%} of its best gain.",
+        drift_note(runs, lambda row: f"at N = {row['N']}"),
         *paper_verdict(summary),
     )
     return Data(

@@ -7,11 +7,12 @@ family                 hue          members
 =====================  ===========  ===================================================
 reference              black        naive
 classic IS             blues        is_token, is_seq, power, snis, psis, soft_shrink
-clipping               oranges      ppo_clip, dual_clip, dapo, aspo
+clipping               oranges      ppo_clip, dual_clip, dapo, aspo, clip_cov, kl_cov
 geometric mean         greens       gspo, gmpo, geo_mask
 smooth gates           purples      sapo, luffy
 truncation             browns       cispo, tis_token, tis_seq
-masking                magentas     mis_token, mis_seq, icepop, opsm, token_veto, m2po, topr
+masking                magentas     mis_token, mis_seq, icepop, opsm, token_veto, m2po, topr,
+                                    kl_rs
 VESPO                  teal         vespo
 =====================  ===========  ===================================================
 
@@ -40,7 +41,7 @@ def _s(family, color, linestyle="-", marker="o"):
     return MappingStyle(family, color, linestyle, marker)
 
 
-#: registry name -> style (all 27 mappings of the reference sheet)
+#: registry name -> style (every registered mapping)
 MAPPING_STYLES: dict[str, MappingStyle] = {
     # reference
     "naive": _s("reference", "#000000", "-", "o"),
@@ -56,6 +57,8 @@ MAPPING_STYLES: dict[str, MappingStyle] = {
     "dual_clip": _s("clipping", "#f16913", "--", "s"),
     "dapo": _s("clipping", "#fd8d3c", "-.", "^"),
     "aspo": _s("clipping", "#a63603", ":", "D"),
+    "clip_cov": _s("clipping", "#fdae6b", (0, (3, 1, 1, 1)), "X"),
+    "kl_cov": _s("clipping", "#e6550d", (0, (1, 1)), "P"),
     # geometric mean: greens
     "gspo": _s("geometric mean", "#238b45", "-", "o"),
     "gmpo": _s("geometric mean", "#41ab5d", "--", "s"),
@@ -75,6 +78,7 @@ MAPPING_STYLES: dict[str, MappingStyle] = {
     "token_veto": _s("masking", "#dd3497", (0, (1, 1)), "x"),
     "m2po": _s("masking", "#7a0177", "--", "P"),
     "topr": _s("masking", "#ae017e", (0, (3, 1, 1, 1)), "*"),
+    "kl_rs": _s("masking", "#f768a1", (0, (5, 2)), "h"),
     # VESPO: teal
     "vespo": _s("VESPO", "#01665e", "-", "h"),
 }

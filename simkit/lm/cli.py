@@ -517,5 +517,5 @@ def register(subparsers) -> None:
     _add_compare(sub)
     from simkit.lm import exact_cli
 
-    exact_cli.add_exact(sub)
-    exact_cli.add_dump(sub)
+    exact_cli.add_exact(sub, sys.modules[__name__])
+    exact_cli.add_dump(sub, sys.modules[__name__])

@@ -30,10 +30,13 @@ EXACT_COLUMNS = (
 )
 
 
-def _cli():
-    from simkit.lm import cli
+_CLI = {}
 
-    return cli
+
+def _cli():
+    """The helpers of :mod:`simkit.lm.cli` (handed over by :func:`add_exact`; not imported
+    here, which would make an import cycle)."""
+    return _CLI["module"]
 
 
 def auto_target(model, prompts, k: int) -> int:
@@ -64,8 +67,9 @@ def _load_with_target(args, k: int):
     return model, tokenizer, task, eos
 
 
-def add_exact(sub) -> None:
-    cli = _cli()
+def add_exact(sub, cli) -> None:
+    """Add ``simkit lm exact``; ``cli`` is :mod:`simkit.lm.cli` (its shared helpers)."""
+    _CLI["module"] = cli
     p = sub.add_parser(
         "exact",
         help="exact bias / variance of every mapping on the top-k-truncated LM (tree)",
@@ -169,8 +173,9 @@ def run_exact(args) -> int:
     return 0
 
 
-def add_dump(sub) -> None:
-    cli = _cli()
+def add_dump(sub, cli) -> None:
+    """Add ``simkit lm dump``; ``cli`` is :mod:`simkit.lm.cli`."""
+    _CLI["module"] = cli
     p = sub.add_parser(
         "dump",
         help="write rollouts with known mismatch in verl / TRL / long format (for diagnose)",

@@ -57,7 +57,24 @@ token_veto detached  c = 0 for rows with some r_t < τ, else 1; clipped: vetoed 
 m2po       surrogate F = r·M (M the M2PO keep mask, batch dependent); clipped: removed tokens
 topr       detached  c = 1 (A≥0), min(W, 1) (A<0); clipped: A<0 rows with W > 1
 vespo      detached  c = W^k·exp(λ(1 − W)); never clipped (it reshapes, it does not clip)
+kl_rs      detached  c = 1[every k2/k3 criterion keeps the token]; clipped: rejected tokens
+clip_cov   surrogate F = PPO clip × (1 − detached), ``detached`` the random covariance subset
+                     (numpy Generator ``rng``); clipped: out-of-band and detached tokens
+kl_cov     surrogate F = r, plus κ·|log r|/Z on the top-k covariance tokens (not ∝ A: the
+                     gradient there is −(A·r − κ·sign log r)/Z); clipped: penalised, log r ≠ 0
 ========== ========= ===========================================================================
+
+``tis_token`` / ``tis_seq`` with ``batch_normalize=True`` divide c by its batch mean (over valid
+tokens / non-empty rows; not when the mean is ≤ 1e-8). ``clip_cov`` / ``kl_cov`` read the
+advantage values and ``log_prob`` itself (the covariance (A − mean A)(log π − mean log π) over
+valid tokens), as verl does; pass ``log_prob=`` to the numpy mapping to get the same numbers.
+
+Composed losses (three policies, :mod:`simkit.composition`): ``policy_loss(name, log_prob,
+old_log_prob, A, mask, correction="tis_token", rollout_log_prob=log_mu)`` puts the mapping on
+log π − log π_old (``old_log_prob``) and multiplies every token weight by the detached
+correction of log π_old − log μ (``mode="decoupled"``); ``mode="bypass"`` (old_log_prob = log μ,
+both on π/μ) and ``mode="trl_vespo"`` (TRL's VESPO, the correction folded into W) as in
+:class:`simkit.estimators.Estimator`.
 
 (r token ratio, W = exp Σ_t log r_t the sequence ratio, s = exp(mean_t log r_t) the geometric
 mean, all over the valid tokens of the row; a row without valid tokens has W = s = 1.)
@@ -122,6 +139,8 @@ import torch
 from simkit import mappings as _mappings
 from simkit.estimators import AGGREGATIONS
 from simkit.mappings.base import Mapping
+from simkit.mappings.covariance import draw_subset
+from simkit.mappings.truncation import BATCH_NORM_EPS
 
 SURROGATE = "surrogate"
 DETACHED = "detached"
@@ -155,7 +174,14 @@ FORMS: dict[str, str] = {
     "m2po": SURROGATE,
     "topr": DETACHED,
     "vespo": DETACHED,
+    "kl_rs": DETACHED,
+    "clip_cov": SURROGATE,
+    "kl_cov": SURROGATE,
 }
+
+#: aggregation denominators: ``valid`` (every valid token, verl's new engine) or ``kept`` (the
+#: tokens a rejection mapping keeps, verl's legacy path that shrinks ``response_mask``)
+DENOMINATORS = ("valid", "kept")
 
 METRICS = (
     "clip_frac",
@@ -207,6 +233,10 @@ class _Batch:
     log_s: torch.Tensor
     lr_min: float
     lr_max: float
+    adv: torch.Tensor | None = None
+    log_prob: torch.Tensor | None = None
+    rng: object = None
+    full: bool = False
 
     def per_row(self, value_pos: float, value_neg: float) -> torch.Tensor:
         """(N,) tensor: ``value_pos`` on rows with A >= 0, ``value_neg`` on the others."""
@@ -253,6 +283,7 @@ class _Terms:
     seq: torch.Tensor | None = None
     n_clipped: Callable[[], torch.Tensor] | None = None
     extra: dict | None = None
+    penalty: torch.Tensor | None = None
 
 
 # --- small autograd helpers -------------------------------------------------------------------
@@ -454,7 +485,8 @@ def _gspo(m, b: _Batch) -> _Terms:
     ``compute_policy_loss_gspo``, TRL's importance_sampling_level="sequence")."""
     log_s = torch.clamp(b.log_s, max=m.max_log_ratio)
     lo = b.per_row(-math.inf, _log(1.0 - m.eps_low))
-    hi = b.per_row(math.log1p(m.eps_high), math.inf)
+    cap = m.grad_log_cap  # verl's clamp(log s, max=10): zero gradient above (preset "verl")
+    hi = b.per_row(min(math.log1p(m.eps_high), cap), cap)
     in_band = (b.log_s >= lo) & (b.log_s <= hi)
     # outside the band F is the clipped value (constant); 1 − ε_low <= 0 never clips
     bound = b.per_row(1.0 + m.eps_high, max(1.0 - m.eps_low, 1e-30))
@@ -640,11 +672,135 @@ def _topr(m, b: _Batch) -> _Terms:
 def _vespo(m, b: _Batch) -> _Terms:
     cap_tok, cap_seq = m.max_log_ratio_tok, m.max_log_ratio_seq
     log_w = torch.clamp(b.log_ratio, -cap_tok, cap_tok).sum(dim=1)  # padding: clamp(0) = 0
-    log_w = torch.clamp(log_w, -cap_seq, cap_seq)
+    log_w = torch.clamp(log_w, m.min_log_ratio_seq, cap_seq)
     k = b.per_row(m.k_pos, m.k_neg)
     lam = b.per_row(m.lambda_pos, m.lambda_neg)
     phi = torch.exp(k * log_w + lam * (1.0 - torch.exp(log_w)))
     return _Terms(seq=torch.nan_to_num(phi, nan=0.0, posinf=0.0, neginf=0.0))
+
+
+def _kl_rs(m, b: _Batch) -> _Terms:
+    """verl ``compute_rollout_rejection_mask`` (b178a3c): k2 = ½x², k3 = e^x − 1 − x of
+    x = clamp(log r, ±cap), per token or summed / averaged / maximised over the row; AND."""
+    with torch.no_grad():
+        x = b.log_ratio.detach()
+        if b.lr_min < -m.max_log_ratio or b.lr_max > m.max_log_ratio:
+            x = torch.clamp(x, -m.max_log_ratio, m.max_log_ratio)
+        terms = {}
+        keep = b.mask.clone()
+        row_ok = torch.ones_like(b.positive)
+        for crit, u in m.rules:
+            kind = crit[-2:]
+            if kind not in terms:  # padding: x = 0 ⇒ k = 0
+                terms[kind] = 0.5 * x * x if kind == "k2" else torch.expm1(x) - x
+            k = terms[kind]
+            if crit.startswith("token_"):
+                keep &= k <= u
+                continue
+            if crit.startswith("seq_max"):  # k >= 0 and 0 on padding: an empty row gives 0
+                stat = k.amax(dim=1) if k.shape[1] else torch.zeros_like(b.log_w)
+            else:
+                stat = k.sum(dim=1)
+                if crit.startswith("seq_mean"):
+                    stat = stat / b.lengths.clamp(min=1)
+            row_ok &= stat <= u
+        keep &= row_ok[:, None]
+    rejected = b.mask & ~keep
+    return _Terms(tok=keep.to(b.log_w.dtype), n_clipped=lambda: b.count_flags(rejected))
+
+
+def _tis_token_normalised(m, b: _Batch) -> _Terms:
+    terms = _clamped_ratio(b, m.c_low, m.c_high, m.max_log_ratio)
+    if not m.batch_normalize:
+        return terms
+    n = b.lengths.sum()
+    mean = (terms.tok * b.maskf).sum() / n.clamp(min=1)
+    scale = torch.where(mean > BATCH_NORM_EPS, mean, torch.ones_like(mean))
+    return _Terms(tok=terms.tok / scale, n_clipped=terms.n_clipped)
+
+
+def _tis_seq_normalised(m, b: _Batch) -> _Terms:
+    terms = _tis_seq(m, b)
+    if not m.batch_normalize:
+        return terms
+    nonempty = (b.lengths > 0).to(b.log_w.dtype)
+    mean = (terms.seq * nonempty).sum() / nonempty.sum().clamp(min=1)
+    scale = torch.where(mean > BATCH_NORM_EPS, mean, torch.ones_like(mean))
+    return _Terms(seq=terms.seq / scale, n_clipped=terms.n_clipped)
+
+
+def _covariance(b: _Batch) -> torch.Tensor:
+    """verl's cov_all = (A − mean A)(log π − mean log π), means over valid tokens (detached);
+    −inf on padding."""
+    with torch.no_grad():
+        n = b.lengths.sum().clamp(min=1)
+        mean_a = (b.adv * b.lengths).sum() / n
+        mean_lp = b.log_prob.sum() / n  # log_prob is 0 on padding
+        cov = (b.log_prob - mean_lp).mul_((b.adv - mean_a)[:, None])
+        if b.full:
+            return cov
+        return cov.masked_fill_(~b.mask, -math.inf)
+
+
+def _clip_cov(m, b: _Batch) -> _Terms:
+    """verl ``compute_policy_loss_clip_cov`` (b178a3c): PPO's clipped surrogate; a random
+    max(⌊ρ·#valid⌋, 1) of the unclipped tokens with lb < cov < ub are detached (F·0). The
+    permutation is the numpy Generator's (``rng``), as :class:`simkit.mappings.ClipCov`."""
+    terms = _clip_band(m, b)
+    cov = _covariance(b)
+    with torch.no_grad():
+        lr = b.log_ratio.detach()
+        adv = b.adv[:, None]
+        clipped = ((adv > 0) & (lr > math.log1p(m.eps_high))) | (
+            (adv < 0) & (lr < _log(1.0 - m.eps_low))
+        )
+        cand = b.mask & ~clipped & (cov > m.lb) & (cov < m.ub)
+        idx = torch.nonzero(cand.reshape(-1)).reshape(-1)
+        detached = torch.zeros_like(b.mask)
+        if idx.numel():
+            n_valid = int(b.lengths.sum())
+            picks = draw_subset(b.rng, idx.numel(), max(int(m.ratio * n_valid), 1))
+            chosen = idx[torch.as_tensor(picks, device=idx.device)]
+            detached = detached.reshape(-1).index_fill(0, chosen, True).reshape(b.mask.shape)
+        keep = torch.logical_not(detached).view(torch.uint8).to(terms.tok.dtype)
+    F = terms.tok * keep
+
+    def n_clipped():
+        return terms.n_clipped() + b.count_flags(detached)
+
+    return _Terms(tok=F, n_clipped=n_clipped)
+
+
+def _kl_cov(m, b: _Batch) -> _Terms:
+    """verl ``compute_policy_loss_kl_cov`` (b178a3c): −A·r everywhere, + κ·|log r| on the
+    k = max(1, ⌊ρ·#valid⌋) valid tokens of largest covariance (ties: first in row-major order)."""
+    cov = _covariance(b)  # −inf on padding: never among the k <= #valid largest
+    with torch.no_grad():
+        n_valid = int(b.lengths.sum())
+        selected = torch.zeros_like(b.mask)
+        if n_valid:
+            k = max(1, int(n_valid * m.ratio))
+            chosen = _top_k_first(cov.reshape(-1), k)
+            selected = selected.reshape(-1).index_fill(0, chosen, True).reshape(b.mask.shape)
+        sel = selected.view(torch.uint8).to(b.log_w.dtype)
+    penalty = b.log_ratio.abs() * sel * m.kappa if m.kappa > 0 else None
+    # clipped: penalised tokens where the penalty acts (log r ≠ 0; on-policy it is 0)
+    return _Terms(
+        tok=b.ratio(m.max_log_ratio),
+        n_clipped=lambda: b.count_flags(selected & (b.log_ratio.detach() != 0)),
+        penalty=penalty,
+    )
+
+
+def _top_k_first(values: torch.Tensor, k: int) -> torch.Tensor:
+    """Positions of the k largest ``values`` (1-D), ties at the k-th value first by position
+    (as :func:`simkit.mappings.covariance.top_k_first`): ``torch.topk`` for the k-th value,
+    then the strictly larger ones and the first ties."""
+    k = min(k, values.numel())
+    kth = torch.topk(values, k).values[-1]
+    above = torch.nonzero(values > kth).reshape(-1)
+    ties = torch.nonzero(values == kth).reshape(-1)[: k - above.numel()]
+    return torch.sort(torch.cat([above, ties])).values
 
 
 _KERNELS: dict[str, Callable[[Mapping, _Batch], _Terms]] = {
@@ -664,8 +820,8 @@ _KERNELS: dict[str, Callable[[Mapping, _Batch], _Terms]] = {
     "luffy": _luffy,
     "aspo": _aspo,
     "cispo": _cispo,
-    "tis_token": _tis_token,
-    "tis_seq": _tis_seq,
+    "tis_token": _tis_token_normalised,
+    "tis_seq": _tis_seq_normalised,
     "mis_token": _mis_token,
     "mis_seq": _mis_seq,
     "icepop": _mis_token,
@@ -675,6 +831,9 @@ _KERNELS: dict[str, Callable[[Mapping, _Batch], _Terms]] = {
     "m2po": _m2po,
     "topr": _topr,
     "vespo": _vespo,
+    "kl_rs": _kl_rs,
+    "clip_cov": _clip_cov,
+    "kl_cov": _kl_cov,
 }
 
 
@@ -996,6 +1155,11 @@ def policy_loss(
     max_length: int | None = None,
     preset: str | None = None,
     compute_metrics: bool = True,
+    denominator: str = "valid",
+    rng=None,
+    correction=None,
+    mode: str = "decoupled",
+    rollout_log_prob=None,
     **hyperparams,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy loss of weight mapping ``name`` and its metrics.
@@ -1018,6 +1182,23 @@ def policy_loss(
         :func:`aggregation_scale`); ``max_length`` is L_max of ``seq-mean-token-sum-norm``.
     compute_metrics : bool
         False skips the metrics (``metrics`` is then ``{}``).
+    denominator : str
+        ``"valid"`` (default: Z counts every valid token, verl's new engine) or ``"kept"``
+        (Z counts the tokens a rejecting mapping keeps — kl_rs, mis_*, icepop, geo_mask, opsm,
+        token_veto — as verl's legacy path, which shrinks ``response_mask`` before
+        ``agg_loss``; the same as ``"valid"`` for a mapping that does not reject).
+    rng : numpy Generator or int, optional
+        The random stream of a stochastic mapping (``clip_cov``; default ``default_rng(0)``).
+    correction, mode, rollout_log_prob : optional
+        A composed loss (:mod:`simkit.composition`, the same c as
+        ``Estimator(mapping, correction=…, mode=…)``). ``mode="decoupled"`` (verl decoupled,
+        TRL vLLM IS): ``old_log_prob`` is log π_old (the trainer's recomputation) and
+        ``rollout_log_prob`` log μ (the engine's); the mapping acts on log π − log π_old and the
+        detached correction weight c_correction(log π_old − log μ) multiplies every token's
+        weight. ``mode="bypass"``: ``old_log_prob`` is log μ (π_old := μ) and the correction acts
+        on log π − log μ too. ``mode="trl_vespo"``: TRL's VESPO, the token correction folded into
+        W (mapping ``vespo``). ``denominator="kept"`` then counts the tokens both rejections
+        keep. The metrics describe the mapping's ratio (π/π_old, or π/μ in bypass mode).
     **hyperparams
         The mapping's hyperparameters (names and defaults of ``simkit.mappings``).
 
@@ -1031,6 +1212,10 @@ def policy_loss(
     """
     mapping = _build_mapping(name, preset, hyperparams)
     _check_aggregation(agg, max_length)
+    if denominator not in DENOMINATORS:
+        raise ValueError(
+            f"unknown denominator {denominator!r}; valid denominators: {', '.join(DENOMINATORS)}"
+        )
     lp, old, mask, adv, dtype = _check_inputs(log_prob, old_log_prob, advantages, response_mask)
     maskf = mask.view(torch.uint8).to(dtype)  # (a bool → float cast is several times slower)
     lengths = maskf.sum(dim=1)
@@ -1049,33 +1234,161 @@ def policy_loss(
         with torch.set_grad_enabled(surrogate and torch.is_grad_enabled()):
             log_ratio = torch.where(mask, lp - old, 0.0)
         lr_min, lr_max = _extremes(log_ratio)
-        if math.isnan(lr_min) or math.isnan(lr_max):
+        if not (math.isfinite(lr_min) and math.isfinite(lr_max)):
+            bad = torch.nonzero(~torch.isfinite(log_ratio.detach()))[0].tolist()
+            kind = "NaN" if math.isnan(lr_min) or math.isnan(lr_max) else "infinite"
             raise ValueError(
-                "log_prob - old_log_prob is NaN on a valid token (e.g. -inf - (-inf)); check "
-                "log_prob and old_log_prob where response_mask is True"
+                f"log_prob - old_log_prob is {kind} on a valid token at position "
+                f"{tuple(bad)} (e.g. -inf - (-inf), or a zero probability); check log_prob and "
+                "old_log_prob where response_mask is True (padding may hold anything), as the "
+                "numpy mappings do"
             )
     log_w = log_ratio.detach().sum(dim=1)
     log_s = log_w / lengths.clamp(min=1)  # 0 for an empty row (its log W is 0)
+    needs_log_prob = mapping.name in ("clip_cov", "kl_cov")
+    full = needs_log_prob and bool(mask.all())  # no padding: the selects can be skipped
     batch = _Batch(
-        log_ratio, mask, maskf, adv >= 0, lengths, log_w, log_s, float(lr_min), float(lr_max)
+        log_ratio,
+        mask,
+        maskf,
+        adv >= 0,
+        lengths,
+        log_w,
+        log_s,
+        float(lr_min),
+        float(lr_max),
+        adv=adv,
+        log_prob=(lp.detach() if full else torch.where(mask, lp.detach(), 0.0))
+        if needs_log_prob
+        else None,
+        rng=rng,
+        full=full,
     )
 
-    terms = _KERNELS[mapping.name](mapping, batch)
+    corr, c_corr = _correction_weights(
+        mapping, correction, mode, rollout_log_prob, denominator, batch, old, dtype
+    )
+    if corr is not None and mode == "trl_vespo":
+        terms = _Terms(seq=c_corr)  # φ(W) with the correction folded into W
+        corr = c_corr = None
+    else:
+        terms = _KERNELS[mapping.name](mapping, batch)
+    kept = None
+    if denominator == "kept" and mapping.rejects:
+        with torch.no_grad():
+            c = terms.tok if terms.tok is not None else terms.seq[:, None].expand(mask.shape)
+            kept = (c.detach() != 0) & mask
+    if denominator == "kept" and corr is not None and corr.rejects:
+        kept = (c_corr != 0) & (mask if kept is None else kept)
+    if kept is not None:
+        inv_z = _inverse_z(kept.sum(dim=1).to(dtype), mask.shape[1], agg, max_length)
     row_weight = adv * inv_z  # A_i / Z_i
     if surrogate:
         with torch.no_grad():
             token_weight = maskf * row_weight[:, None]
+            if c_corr is not None:
+                token_weight = token_weight * c_corr
         loss = -torch.dot(terms.tok.reshape(-1), token_weight.reshape(-1))
+        if terms.penalty is not None:
+            with torch.no_grad():
+                pen_weight = maskf * inv_z[:, None]
+                if c_corr is not None:
+                    pen_weight = pen_weight * c_corr
+            loss = loss + torch.dot(terms.penalty.reshape(-1), pen_weight.reshape(-1))
     else:
         with torch.no_grad():
             if terms.seq is not None:
                 token_weight = maskf * (terms.seq * row_weight)[:, None]
             else:
                 token_weight = (terms.tok * maskf).mul_(row_weight[:, None])
+            if c_corr is not None:
+                token_weight = token_weight * c_corr
         # the weights are 0 on padding; where log π may be non-finite there, zero it first
         log_pi = lp if finite else torch.where(mask, lp, 0.0)
         loss = -torch.dot(token_weight.reshape(-1), log_pi.reshape(-1))
     return loss, (_metrics(batch, terms) if compute_metrics else {})
+
+
+def _leg_batch(log_ratio: torch.Tensor, b: _Batch) -> _Batch:
+    """A detached batch on another log-ratio leg (0 on padding), same rows as ``b``."""
+    lr_min, lr_max = _extremes(log_ratio)
+    log_w = log_ratio.sum(dim=1)
+    return _Batch(
+        log_ratio,
+        b.mask,
+        b.maskf,
+        b.positive,
+        b.lengths,
+        log_w,
+        log_w / b.lengths.clamp(min=1),
+        float(lr_min),
+        float(lr_max),
+        adv=b.adv,
+    )
+
+
+def _correction_weights(mapping, correction, mode, rollout_log_prob, denominator, b, old, dtype):
+    """(correction Mapping or None, its detached token weights (N, T) or None); for
+    ``trl_vespo`` the second item is φ(W) per row (N,) with the token correction in W."""
+    from simkit import composition
+
+    corr = composition.check_correction(mapping, correction, mode, denominator)
+    if corr is None:
+        if rollout_log_prob is not None:
+            raise ValueError("rollout_log_prob applies to a composed loss only (pass correction)")
+        return None, None
+    if corr.name not in _KERNELS:
+        raise KeyError(f"correction {corr.name!r} has no torch kernel")
+    with torch.no_grad():
+        if mode == "bypass":
+            if rollout_log_prob is not None:
+                raise ValueError(
+                    "mode 'bypass' sets π_old := μ: pass log μ as old_log_prob and no "
+                    "rollout_log_prob"
+                )
+            leg = b.log_ratio.detach()
+        else:
+            if rollout_log_prob is None:
+                raise ValueError(
+                    f"mode {mode!r} needs rollout_log_prob (log μ of the inference engine); "
+                    "old_log_prob is then log π_old"
+                )
+            rollout = _as_tensor(rollout_log_prob, "rollout_log_prob", old.device)
+            if tuple(rollout.shape) != tuple(old.shape):
+                raise ValueError(
+                    f"shape mismatch: old_log_prob has shape {tuple(old.shape)}, "
+                    f"rollout_log_prob has {tuple(rollout.shape)}"
+                )
+            leg = torch.where(b.mask, old - rollout.detach().to(dtype), 0.0)
+            if bool(torch.isnan(leg).any()):
+                raise ValueError("old_log_prob - rollout_log_prob is NaN on a valid token")
+        if mode == "trl_vespo":
+            return corr, _trl_vespo(mapping, corr, b, leg)
+        terms = _KERNELS[corr.name](corr, _leg_batch(leg, b))
+        c = terms.tok if terms.tok is not None else terms.seq[:, None].expand(b.mask.shape)
+        return corr, c * b.maskf
+
+
+def _trl_vespo(m, corr, b: _Batch, leg: torch.Tensor) -> torch.Tensor:
+    """TRL ``get_gamma_weights`` (f2cd577): log W = Σ clip(log π − log π_old, ±cap) + Σ clip(log
+    w_t, log 1e-8, 20), w_t the token correction of log π_old − log μ; φ(W) per row."""
+    from simkit.composition import TRL_LOG_IS_HIGH, TRL_LOG_IS_LOW
+
+    lo_c, hi_c = _log(corr.c_low), _log(corr.c_high)
+    if corr.name == "tis_token":
+        lo = max(lo_c, TRL_LOG_IS_LOW)
+        hi = min(hi_c, TRL_LOG_IS_HIGH, corr.max_log_ratio)
+        log_is = torch.clamp(leg, lo, max(lo, hi))
+    else:
+        log_is = torch.clamp(leg, TRL_LOG_IS_LOW, min(TRL_LOG_IS_HIGH, corr.max_log_ratio))
+        log_is = torch.where((leg < lo_c) | (leg > hi_c), TRL_LOG_IS_LOW, log_is)
+    cap = m.max_log_ratio_tok
+    tok = (torch.clamp(b.log_ratio.detach(), -cap, cap) + log_is) * b.maskf
+    log_w = torch.clamp(tok.sum(dim=1), m.min_log_ratio_seq, m.max_log_ratio_seq)
+    k = b.per_row(m.k_pos, m.k_neg)
+    lam = b.per_row(m.lambda_pos, m.lambda_neg)
+    phi = torch.exp(k * log_w + lam * (1.0 - torch.exp(log_w)))
+    return torch.nan_to_num(phi, nan=0.0, posinf=0.0, neginf=0.0)
 
 
 def _extremes(x: torch.Tensor) -> tuple[float, float]:

@@ -129,7 +129,7 @@ def estimator_token_weights(
         raise ValueError(f"rewards must have shape {log_prob.shape[:-1]}, got {rewards.shape}")
     log_ratio = np.where(mask, log_prob - old, 0.0)
     adv = est.advantages(rewards, J)
-    c = est.coefficients(log_ratio, mask, adv)
+    c = est.coefficients(log_ratio, mask, adv, log_prob=np.where(mask, log_prob, 0.0))
     if loss_path == "numpy":
         return c * adv[..., None] * est.aggregation_weights(mask), c
     if log_prob.ndim > 2:
@@ -220,7 +220,8 @@ _EXTRA_COLUMNS = [
     "ref_se",
     "J",
 ]
-_RESERVED = {
+#: the columns that describe an estimator, first in the table (as in simkit.experiment.run)
+_ESTIMATOR_COLUMNS = (
     "estimator",
     "mapping",
     "aggregation",
@@ -228,6 +229,9 @@ _RESERVED = {
     "group_size",
     "adv_eps",
     "max_length",
+)
+_RESERVED = {
+    *_ESTIMATOR_COLUMNS,
     "T",
     "n",
     "reps",
@@ -533,15 +537,7 @@ def gradient_study(
         *_METRIC_COLUMNS,
         *_EXTRA_COLUMNS,
     ]
-    head = [
-        "estimator",
-        "mapping",
-        "aggregation",
-        "advantage",
-        "group_size",
-        "adv_eps",
-        "max_length",
-    ]
+    head = list(_ESTIMATOR_COLUMNS)
     cols = head + [c for c in cols if c not in head]
     table = pd.DataFrame(rows).reindex(columns=cols)
     with np.errstate(invalid="ignore", divide="ignore"):

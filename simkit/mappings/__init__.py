@@ -9,6 +9,8 @@ every mapping, in this order of ``available()``:
 - :mod:`~simkit.mappings.truncation` (C): cispo, tis_token, tis_seq, mis_token, mis_seq, icepop
 - :mod:`~simkit.mappings.masking` (C): geo_mask, opsm, token_veto, m2po, topr
 - :mod:`~simkit.mappings.vespo` (C): vespo (and the pure kernels ``vespo_phi``, ``vespo_f``)
+- :mod:`~simkit.mappings.rejection` (C): kl_rs (verl's divergence rejection, k2/k3 criteria)
+- :mod:`~simkit.mappings.covariance` (B): clip_cov, kl_cov (covariance-targeted PPO)
 
 :mod:`~simkit.mappings.psis` holds the Pareto smoothing (``psis_smooth``, ``psis_khat``).
 """
@@ -21,6 +23,8 @@ from simkit.mappings import soft  # noqa: F401
 from simkit.mappings import truncation  # noqa: F401
 from simkit.mappings import masking  # noqa: F401
 from simkit.mappings import vespo  # noqa: F401
+from simkit.mappings import rejection  # noqa: F401
+from simkit.mappings import covariance  # noqa: F401
 
 # isort: on
 from simkit.mappings.base import (

@@ -71,6 +71,21 @@ class Mapping:
     on_policy_identity: ClassVar[bool] = True
     #: named presets: preset name -> dict of hyperparameters (see ``get(name, preset=...)``)
     presets: ClassVar[dict[str, dict]] = {}
+    #: True for rejection mappings (c = 0 means "token dropped"): see :meth:`kept_mask`
+    rejects: ClassVar[bool] = False
+    #: True when ``coefficients`` draws random numbers (keyword ``rng``: a numpy Generator)
+    stochastic: ClassVar[bool] = False
+    #: True when ``coefficients`` also reads log π itself (keyword ``log_prob``, (N, T))
+    uses_log_prob: ClassVar[bool] = False
+
+    def kept_mask(self, log_ratio, mask, advantages) -> np.ndarray:
+        """Tokens kept by this mapping's rejection, (N, T) bool (the aggregation option
+        ``denominator="kept"`` divides by them): ``mask`` when the mapping does not reject,
+        else the valid tokens with c ≠ 0 (a kept ratio below e^−745 would underflow to 0)."""
+        lr, m, adv = check_batch(log_ratio, mask, advantages)
+        if not self.rejects:
+            return m.copy()
+        return m & (self._coefficients(lr, m, adv) != 0)
 
     def coefficients(self, log_ratio, mask, advantages) -> np.ndarray:
         """Effective coefficients c of shape (N, T); 0 where ``mask`` is False.
@@ -84,9 +99,17 @@ class Mapping:
     def _coefficients(self, log_ratio, mask, advantages) -> np.ndarray:  # pragma: no cover
         raise NotImplementedError
 
+    #: fields left out of :attr:`hyperparameters` while they hold their default (options added
+    #: later, so that tables of the estimators that do not use them keep their columns)
+    quiet_defaults: ClassVar[tuple[str, ...]] = ()
+
     @property
     def hyperparameters(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in self.quiet_defaults or getattr(self, f.name) != f.default
+        }
 
     @property
     def label(self) -> str:

@@ -138,12 +138,31 @@ class DAPOClip(PPOClip):
     """DAPO clip-higher: PPO clip with decoupled ε_low = 0.2, ε_high = 0.28.
 
     Yu et al., "DAPO: an open-source LLM RL system at scale", arXiv 2503.14476, §3.1 (DAPO also
-    means token-mean aggregation, chosen separately in simkit).
+    means token-mean aggregation, chosen separately in simkit). ``c_dual`` (default ∞: none)
+    is the dual clip of A < 0 tokens. Preset ``verl``: verl has no separate DAPO loss — DAPO is
+    ``compute_policy_loss_vanilla`` (``core_algos.py`` at b178a3c) with clip_ratio_high 0.28,
+    and that loss *always* applies the dual clip ``clip_ratio_c`` = 3 to A < 0 tokens and
+    clamps log r to ±20, so ``dapo(preset="verl")`` = ε (0.2, 0.28), c_dual = 3,
+    max_log_ratio = 20. Preset ``paper``: no dual clip.
     """
 
     eps_low: float = 0.2
     eps_high: float = 0.28
+    c_dual: float = math.inf
     name = "dapo"
+    quiet_defaults = ("c_dual",)
+    presets: ClassVar[dict[str, dict]] = {
+        "paper": {"eps_low": 0.2, "eps_high": 0.28, "c_dual": math.inf},
+        "verl": {"eps_low": 0.2, "eps_high": 0.28, "c_dual": 3.0, "max_log_ratio": 20.0},
+    }
+
+    def __post_init__(self):
+        self._validate_band()
+        check_real(self, "c_dual", low=1.0, high=math.inf, low_open=True, allow_inf=True)
+
+    @property
+    def _neg_high(self) -> float:
+        return self.c_dual
 
 
 @register
@@ -156,23 +175,41 @@ class GSPO(_ClipBand):
     (A < 0); its aggregation is seq-mean-token-mean. Length invariant (VESPO, arXiv 2602.10693,
     Prop. E.1: two sequences with the same mean log-ratio get the same weight). Defaults =
     the paper's ε_low = 3e-4, ε_high = 4e-4 (preset ``paper``); preset ``libraries`` uses the
-    0.2/0.2 default of verl and TRL (verl also clamps log s at 10). ``max_log_ratio`` caps log s.
-    An empty sequence has s = 1.
+    0.2/0.2 default of verl and TRL. ``max_log_ratio`` caps log s. An empty sequence has s = 1.
+
+    verl's ``compute_policy_loss_gspo`` (``core_algos.py`` at b178a3c) also applies
+    ``torch.clamp(log s, max=10)`` before exponentiating. That is not a value cap: the clamp's
+    derivative is 0 above 10, so a sequence with log s > 10 gets *zero gradient* in verl — a
+    hidden dual clip, which matters for A < 0 rows (PPO's band alone keeps them). Here it is
+    ``grad_log_cap`` (default ∞): c = 0 when log s > grad_log_cap; preset ``verl`` = ε
+    0.2/0.2 with grad_log_cap = 10. ``max_log_ratio`` caps the value only.
     """
 
     eps_low: float = 3e-4
     eps_high: float = 4e-4
     max_log_ratio: float = DEFAULT_MAX_LOG_RATIO
+    grad_log_cap: float = math.inf
     name = "gspo"
     level = "sequence"
     ratio_kind = "geometric"
+    quiet_defaults = ("grad_log_cap",)
     presets: ClassVar[dict[str, dict]] = {
         "paper": {"eps_low": 3e-4, "eps_high": 4e-4},
         "libraries": {"eps_low": 0.2, "eps_high": 0.2},
+        "verl": {"eps_low": 0.2, "eps_high": 0.2, "grad_log_cap": 10.0},
     }
 
     def __post_init__(self):
         self._validate_band()
+        check_real(self, "grad_log_cap", low=0.0, high=math.inf, low_open=True, allow_inf=True)
+
+    @property
+    def _neg_high(self) -> float:
+        return math.exp(self.grad_log_cap) if self.grad_log_cap < 700 else math.inf
+
+    def _log_bands(self, advantages):
+        lo, hi = super()._log_bands(advantages)
+        return lo, np.minimum(hi, self.grad_log_cap)
 
     def _coefficients(self, log_ratio, mask, advantages):
         log_s = seq_mean_log_ratio(log_ratio, mask)

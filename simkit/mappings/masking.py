@@ -42,7 +42,14 @@ class GeoMask(ScalarMapping):
     Liu, Li et al. 2025 (rl-collapse, training-inference mismatch, part 3): a length-invariant
     sequence rejection filter, c_t = 1[c_low ≤ s ≤ c_high] × base_t, with base ``"one"``
     (default, c = the mask) or ``"tis"`` (token TIS min(r_t, ``tis_c``), default 2). Presets:
-    ``rl_collapse`` (0.5, 2), ``verl`` (0.999, 1.001). ``phi`` (of s) exists for base "one"
+    ``rl_collapse`` (0.5, 2), ``verl`` (0.999, 1.001: the band as verl's
+    ``decoupled_geo_rs`` documents it), ``verl_head`` (1/1.001, 1/0.999): what verl HEAD
+    (b178a3c, ``rollout_corr_helper.py`` ``compute_rollout_rejection_mask``, option
+    ``seq_mean_k1`` with threshold "0.999_1.001") actually computes — it compares its
+    "lower_upper" bounds with the mean of k1 = log(μ/π) = −log s, i.e. keeps
+    log 0.999 ≤ −log s ≤ log 1.001, s ∈ [1/upper, 1/lower]. That is verl's behaviour, kept
+    here as a preset; the two bands differ by O(1e-6) at these bounds but swap roles for
+    asymmetric ones. ``phi`` (of s) exists for base "one"
     only; its surrogate F(w) = log(clip(w, c_low, c_high)/c_low) (F(0) = 0). An empty sequence
     has s = 1. ``max_log_ratio`` caps the exponentiated token log-ratio of the TIS base.
     """
@@ -53,11 +60,13 @@ class GeoMask(ScalarMapping):
     tis_c: float = 2.0
     max_log_ratio: float = DEFAULT_MAX_LOG_RATIO
     name = "geo_mask"
+    rejects = True
     level = "sequence"
     ratio_kind = "geometric"
     presets: ClassVar[dict[str, dict]] = {
         "rl_collapse": {"c_low": 0.5, "c_high": 2.0},
         "verl": {"c_low": 0.999, "c_high": 1.001},
+        "verl_head": {"c_low": 1.0 / 1.001, "c_high": 1.0 / 0.999},
     }
 
     def __post_init__(self):
@@ -112,6 +121,7 @@ class OPSM(ScalarMapping):
 
     delta: float = 1e-4
     name = "opsm"
+    rejects = True
     level = "sequence"
     ratio_kind = "geometric"
     presets: ClassVar[dict[str, dict]] = {"slime": {"delta": 1e-4}, "trl": {"delta": 0.5}}
@@ -149,6 +159,7 @@ class TokenVeto(Mapping):
 
     tau: float = 1e-4
     name = "token_veto"
+    rejects = True
     level = "sequence"
 
     def __post_init__(self):

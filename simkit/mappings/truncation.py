@@ -22,6 +22,7 @@ from simkit.mappings.base import (
     band_phi,
     banded_ratio_kernel,
     broadcast_seq,
+    check_bool,
     check_max_log_ratio,
     check_real,
     clamp_ratio_f,
@@ -32,6 +33,25 @@ from simkit.mappings.base import (
     safe_log,
     seq_log_ratio,
 )
+
+#: verl skips the batch normalisation when the mean weight is at most this (division guard)
+BATCH_NORM_EPS = 1e-8
+
+
+def _batch_normalize_flags(m) -> None:
+    """Validate ``batch_normalize``; a normalised instance is batch dependent (level "batch")."""
+    if check_bool(m, "batch_normalize"):
+        object.__setattr__(m, "batch_dependent", True)
+        object.__setattr__(m, "level", "batch")
+
+
+def _normalise(c: np.ndarray, count: int) -> None:
+    """Divide token coefficients c (0 on padding) in place by their mean over ``count`` valid
+    tokens, unless that mean is at most :data:`BATCH_NORM_EPS` (verl's guard)."""
+    if count:
+        mean = float(c.sum()) / count
+        if mean > BATCH_NORM_EPS:
+            np.divide(c, mean, out=c)
 
 
 def _clamped_token_ratio(log_ratio, mask, low: float, high: float, max_log_ratio: float):
@@ -52,8 +72,12 @@ class CISPO(ScalarMapping):
     (ε_low = ∞; it tunes ε_high only and does not publish the value); defaults ε_low = ∞,
     ε_high = 0.2. Presets: ``paper`` (∞, 0.2), ``verl`` (verl's example: ε_low = 10, i.e. no
     lower bound, ε_high = 0.2), ``trl`` (TRL caps r at an absolute ``epsilon_high``, docs
-    recommend 5.0 ⇒ ε_high = 4.0 here; beware that TRL falls back to 0.2 when it is unset, an
-    absolute cap below 1 that breaks c(1) = 1 and is not representable here).
+    recommend 5.0 ⇒ ε_high = 4.0 here). The trap: TRL (``grpo_trainer.py`` at f2cd577,
+    ``torch.clamp(coef_1, max=self.epsilon_high)``) reads ``epsilon_high`` as an *absolute*
+    cap and falls back to ``epsilon`` = 0.2 when it is unset, so TRL's CISPO without
+    ``epsilon_high`` has c = min(r, 0.2): c(1) = 0.2 on-policy, every token down-weighted 5×
+    and no token above r = 0.2 distinguished — not a CISPO at all, and not representable here
+    (ε_high ≥ 0 keeps the cap ≥ 1).
     Surrogate F(w) = 1 + ∫_1^w φ(u)/u du (F(1) = 1; = ∫_0^w when there is no lower bound).
     """
 
@@ -100,12 +124,20 @@ class TokenTIS(ScalarMapping):
     [0.5, 5] (clamp from both sides), ``slime`` [0, 2]. Requires c_low ≤ 1 ≤ c_high (c(1) = 1);
     c_high = ∞ gives token IS. Surrogate F(w) = 1 + ∫_1^w φ(u)/u du (F(1) = 1; = ∫_0^w when
     c_low = 0).
+
+    ``batch_normalize=True`` (verl ``rollout_is_batch_normalize``, ``rollout_corr_helper.py``
+    ``compute_rollout_correction_weights`` at b178a3c): the truncated weights are divided by
+    their mean over the batch's valid tokens (skipped when that mean is ≤ 1e-8), so the
+    instance is batch dependent (``level`` "batch", Monte Carlo only); ``phi`` / ``f`` then
+    describe the weight before the normalisation.
     """
 
     c_low: float = 0.0
     c_high: float = 2.0
     max_log_ratio: float = DEFAULT_MAX_LOG_RATIO
+    batch_normalize: bool = False
     name = "tis_token"
+    quiet_defaults = ("batch_normalize",)
     level = "token"
     ratio_kind = "token"
     presets: ClassVar[dict[str, dict]] = {
@@ -119,9 +151,13 @@ class TokenTIS(ScalarMapping):
         check_real(self, "c_low", low=0.0, high=1.0)
         check_real(self, "c_high", low=1.0, high=math.inf, allow_inf=True)
         check_max_log_ratio(self)
+        _batch_normalize_flags(self)
 
     def _coefficients(self, log_ratio, mask, advantages):
-        return _clamped_token_ratio(log_ratio, mask, self.c_low, self.c_high, self.max_log_ratio)
+        c = _clamped_token_ratio(log_ratio, mask, self.c_low, self.c_high, self.max_log_ratio)
+        if self.batch_normalize:
+            _normalise(c, np.count_nonzero(mask))
+        return c
 
     def phi(self, w, positive=True):
         return clamp_ratio_phi(as_ratio(w), self.c_low, self.c_high)
@@ -138,21 +174,36 @@ class SequenceTIS(ScalarMapping):
     Liu, Li et al. 2025 ("rl-collapse": when speed kills stability, training-inference
     mismatch): bias ≤ 2K(1+χ²)/C, Var ≤ K²C², best C* = √(2(1+χ²)). c = ∞ gives sequence IS;
     ``max_log_ratio`` caps log W. Surrogate F(w) = min(w, c) + c·log(max(w, c)/c) (F(0) = 0).
+
+    ``batch_normalize=True`` (verl ``rollout_is_batch_normalize``, sequence level, b178a3c):
+    min(W_i, c) is divided by its mean over the batch's non-empty rows (skipped when ≤ 1e-8);
+    the instance is then batch dependent (``level`` "batch").
     """
 
     c: float = 2.0
     max_log_ratio: float = DEFAULT_MAX_LOG_RATIO
+    batch_normalize: bool = False
     name = "tis_seq"
+    quiet_defaults = ("batch_normalize",)
     level = "sequence"
     ratio_kind = "sequence"
 
     def __post_init__(self):
         check_real(self, "c", low=1.0, high=math.inf, allow_inf=True)
         check_max_log_ratio(self)
+        _batch_normalize_flags(self)
 
     def _coefficients(self, log_ratio, mask, advantages):
         cap = min(safe_log(self.c), self.max_log_ratio)
-        return broadcast_seq(np.exp(np.minimum(seq_log_ratio(log_ratio, mask), cap)), mask)
+        w = np.exp(np.minimum(seq_log_ratio(log_ratio, mask), cap))
+        if self.batch_normalize:
+            nonempty = mask.any(axis=1)
+            count = int(np.count_nonzero(nonempty))
+            if count:
+                mean = float(np.sum(w, where=nonempty)) / count
+                if mean > BATCH_NORM_EPS:
+                    w = w / mean
+        return broadcast_seq(w, mask)
 
     def phi(self, w, positive=True):
         return clamp_ratio_phi(as_ratio(w), 0.0, self.c)
@@ -177,6 +228,7 @@ class TokenMIS(ScalarMapping):
     c_high: float = 5.0
     max_log_ratio: float = DEFAULT_MAX_LOG_RATIO
     name = "mis_token"
+    rejects = True
     level = "token"
     ratio_kind = "token"
     presets: ClassVar[dict[str, dict]] = {
@@ -208,16 +260,19 @@ class SequenceMIS(ScalarMapping):
     """Sequence masked IS, c_t = W·1[c_low ≤ W ≤ c_high] on every token (default [0, 2]).
 
     Presets ``rl_collapse`` (one-sided, W·1[W ≤ 2]; Liu, Li et al. 2025) and ``trl``
-    ([0, 3]: TRL's default ``sequence_mask`` mode, clip_max 3, clip_min unset). Length trap: a
-    per-token ratio ρ̄ gives W = ρ̄^T, so every sequence longer than T* = log c_high / log ρ̄ is
-    rejected (c_high = 5, ρ̄ = 1.001 ⇒ T* ≈ 1610). c_low = 0, c_high = ∞ gives sequence IS;
-    ``max_log_ratio`` caps log W. Surrogate F(w) = clip(w, c_low, c_high) − c_low (F(0) = 0).
+    ([0, 3]: TRL's ``sequence_mask`` mode, clip_max 3, clip_min unset — so TRL's preset is
+    effectively *one-sided*: with clip_min unset TRL masks only W > 3, never a small W).
+    Length trap: a per-token ratio ρ̄ gives W = ρ̄^T, so every sequence longer than
+    T* = log c_high / log ρ̄ is rejected (c_high = 5, ρ̄ = 1.001 ⇒ T* ≈ 1610).
+    c_low = 0, c_high = ∞ gives sequence IS; ``max_log_ratio`` caps log W.
+    Surrogate F(w) = clip(w, c_low, c_high) − c_low (F(0) = 0).
     """
 
     c_low: float = 0.0
     c_high: float = 2.0
     max_log_ratio: float = DEFAULT_MAX_LOG_RATIO
     name = "mis_seq"
+    rejects = True
     level = "sequence"
     ratio_kind = "sequence"
     presets: ClassVar[dict[str, dict]] = {

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 from scipy.special import gammainc, gammaln
@@ -76,9 +77,17 @@ class VESPO(ScalarMapping):
     and (``k_neg``, ``lambda_neg``) = (3, 2) for A < 0 (the paper's defaults); W is the true
     sequence product (no length normalisation), aggregation token-mean. As in the release,
     token log-ratios are clamped to ±``max_log_ratio_tok`` (20) before the sum and log W to
-    ±``max_log_ratio_seq`` (20) after it, and NaN/inf coefficients are set to 0. Surrogate
-    f = :func:`vespo_f` (f(0) = 0).
+    [``min_log_ratio_seq``, ``max_log_ratio_seq``] after it (default [−20, 20]), and NaN/inf
+    coefficients are set to 0. Presets ``release`` and ``trl``: the lower clamp of log W at
+    log(1e-8) ≈ −18.42 of the VESPO release and of TRL (``GRPOTrainer.get_gamma_weights``,
+    ``grpo_trainer.py`` at f2cd577: ``lower_clamp = math.log(1e-8)``); the difference to
+    −20 only touches φ(W) < 1e-15. Surrogate f = :func:`vespo_f` (f(0) = 0).
     """
+
+    presets: ClassVar[dict[str, dict]] = {
+        "release": {"min_log_ratio_seq": math.log(1e-8)},
+        "trl": {"min_log_ratio_seq": math.log(1e-8)},
+    }
 
     k_pos: float = 2.0
     lambda_pos: float = 3.0
@@ -86,7 +95,9 @@ class VESPO(ScalarMapping):
     lambda_neg: float = 2.0
     max_log_ratio_tok: float = 20.0
     max_log_ratio_seq: float = 20.0
+    min_log_ratio_seq: float = -20.0
     name = "vespo"
+    quiet_defaults = ("min_log_ratio_seq",)
     level = "sequence"
     ratio_kind = "sequence"
 
@@ -95,6 +106,7 @@ class VESPO(ScalarMapping):
             check_real(self, field, low=0.0, low_open=True)
         check_real(self, "max_log_ratio_tok", low=0.0, high=700.0, low_open=True)
         check_real(self, "max_log_ratio_seq", low=0.0, high=700.0, low_open=True)
+        check_real(self, "min_log_ratio_seq", low=-700.0, high=0.0, high_open=True)
 
     def _params(self, positive: bool) -> tuple[float, float]:
         return (self.k_pos, self.lambda_pos) if positive else (self.k_neg, self.lambda_neg)
@@ -110,7 +122,17 @@ class VESPO(ScalarMapping):
             t = tmp[: stop - start]
             np.clip(log_ratio[start:stop], -cap, cap, out=t)
             np.add.reduce(t, axis=1, where=mask[start:stop], initial=0.0, out=log_w[start:stop])
-        np.clip(log_w, -self.max_log_ratio_seq, self.max_log_ratio_seq, out=log_w)
+        return self._phi_of_log_w(log_w, mask, advantages)
+
+    def coefficients_from_log_w(self, log_w, mask, advantages) -> np.ndarray:
+        """c = φ(W) on every valid token from a given log W (N,) (clamped to the sequence
+        bounds here): the entry point of TRL's composition, which folds a token correction
+        into W (:mod:`simkit.composition`, mode ``trl_vespo``). ``mask`` (N, T), ``advantages``
+        (N,)."""
+        return self._phi_of_log_w(np.array(log_w, dtype=np.float64), mask, advantages)
+
+    def _phi_of_log_w(self, log_w, mask, advantages):
+        np.clip(log_w, self.min_log_ratio_seq, self.max_log_ratio_seq, out=log_w)
         pos = positive_rows(advantages)
         k = np.where(pos, self.k_pos, self.k_neg)
         lam = np.where(pos, self.lambda_pos, self.lambda_neg)

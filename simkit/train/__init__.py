@@ -1,8 +1,9 @@
 """Training dynamics: policy optimisation on a token MDP under staleness, lag and mismatch.
 
 Bias and variance of one gradient are the cause; what users see is training that collapses or
-not. :func:`train` runs a tabular policy (logits over the token MDP's positions × states ×
-vocabulary) with the rollout/update schedule of real trainers — a rollout batch from μ split
+not. :func:`train` runs a policy — tabular (logits over the token MDP's positions × states ×
+vocabulary), tied over positions, or low-rank features (:mod:`~simkit.train.params`) — with
+the rollout/update schedule of real trainers — a rollout batch from μ split
 into N mini-batches updated in sequence (staleness N), an optional asynchronous lag of k policy
 versions, an inference-mismatch model (:class:`Mismatch`: logit noise, bf16/fp16 rounding,
 toxic-tail spikes) — with any mapping × aggregation × advantage of the registry, and records
@@ -23,7 +24,9 @@ Grids of runs go through the sweep machinery (:class:`simkit.config.TrainSweepCo
 Modules: :mod:`~simkit.train.core` (the run, checkpoints, resume), :mod:`~simkit.train.mismatch`
 (the inference-engine model), :mod:`~simkit.train.optim` (SGD, Adam), :mod:`~simkit.train.recipes`
 (the papers' losses: GRPO, GSPO, SAPO, VESPO, token-TIS, seq-MIS, Geo-Mask),
-:mod:`~simkit.train.analysis` (J*, per-run summaries, collapse, bands over seeds) and
+:mod:`~simkit.train.params` (tabular / tied / features parameterisations),
+:mod:`~simkit.train.worlds` (prompt distributions, sparse rewards, distractors),
+:mod:`~simkit.train.analysis` (J*, per-run summaries, failure labels, bands over seeds) and
 :mod:`~simkit.train.cli` (``simkit train``).
 """
 
@@ -36,6 +39,7 @@ from simkit.train.core import (
     config_dict,
     load_checkpoint,
     load_run,
+    policy_logits,
     train,
 )
 from simkit.train.mismatch import (
@@ -48,30 +52,47 @@ from simkit.train.mismatch import (
     round_logits,
 )
 from simkit.train.optim import OPTIMIZERS, SGD, Adam, clip_grad_norm, make_optimizer
+from simkit.train.params import PARAMETERIZATIONS, Parameterization, parameterization
 from simkit.train.recipes import RECIPES, recipe
+from simkit.train.worlds import (
+    Prompts,
+    difficulty_prompts,
+    distractor,
+    prompt_set,
+    sparse_pattern,
+)
 
 __all__ = [
     "COLUMNS",
     "GRADIENTS",
     "OPTIMIZERS",
+    "PARAMETERIZATIONS",
     "PRECISIONS",
     "RECIPES",
     "SGD",
     "Adam",
     "Mismatch",
+    "Parameterization",
+    "Prompts",
     "TrainConfig",
     "TrainError",
     "behaviour_log_probs",
     "checkpoint_step",
     "clip_grad_norm",
     "config_dict",
+    "difficulty_prompts",
+    "distractor",
     "load_checkpoint",
     "load_run",
     "log_softmax",
     "make_optimizer",
+    "parameterization",
+    "policy_logits",
+    "prompt_set",
     "recipe",
     "round_bf16",
     "round_fp16",
     "round_logits",
+    "sparse_pattern",
     "train",
 ]

@@ -3,8 +3,23 @@
 These functions turn the per-step tables of :func:`simkit.train.train` (or of a training sweep,
 :class:`simkit.config.TrainSweepConfig`) into the numbers a reader of a learning curve looks
 at: where a run started and ended, its best value, its average over the run (the area under
-the curve: how fast it learned), and whether it **collapsed** — lost most of what it had
-gained. They are used by the training figures and ``simkit train``.
+the curve: how fast it learned), and how it **failed**, if it did (:func:`failure_label`):
+
+- ``collapse``: it lost more than half of its best gain (:func:`collapsed`);
+- ``determinism``: premature determinism — its per-token entropy fell below
+  :data:`DETERMINISM_ENTROPY` of the initial entropy while J stayed far below J* (normalised
+  final gain < :data:`STALL_GAIN`): the policy locked into a wrong answer;
+- ``length``: length blow-up — the expected length grew past :data:`LENGTH_BLOWUP` × its
+  initial value (EOS environments);
+- ``stall``: none of the above but the normalised final gain is below :data:`STALL_GAIN`;
+- ``divergence``: divergence explosion — KL_seq(π‖μ) exceeded :data:`KL_SEQ_EXPLOSION` nats
+  at a recorded step (typical sequence ratios beyond e^{10}) although J did not fail: the run
+  learned on batches its correction could not trust;
+- ``ok``: none of these.
+
+Each criterion is also a boolean column of :func:`run_summary` (a run may meet several; the
+label is the first in the order above). They are used by the training figures and
+``simkit train``.
 """
 
 from __future__ import annotations
@@ -18,10 +33,16 @@ from simkit.envs.token_mdp import TokenMDP
 
 __all__ = [
     "COLLAPSE_FRACTION",
+    "DETERMINISM_ENTROPY",
+    "FAILURE_LABELS",
+    "KL_SEQ_EXPLOSION",
+    "LENGTH_BLOWUP",
+    "STALL_GAIN",
     "SUMMARY_COLUMNS",
     "TAIL_FRACTION",
     "band",
     "collapsed",
+    "failure_label",
     "normalized_gain",
     "optimal_J",
     "run_summary",
@@ -31,6 +52,16 @@ __all__ = [
 COLLAPSE_FRACTION = 0.5
 #: the final J of a run is the mean recorded J over this last fraction of its steps
 TAIL_FRACTION = 0.1
+#: premature determinism: final per-token entropy below this fraction of the initial one …
+DETERMINISM_ENTROPY = 0.2
+#: … (and stall) while the normalised final gain (J_final − J₀)/(J* − J₀) is below this
+STALL_GAIN = 0.5
+#: length blow-up: the largest recorded E|y| exceeds this multiple of the initial E|y|
+LENGTH_BLOWUP = 2.0
+#: divergence explosion: the largest recorded KL_seq(π‖μ) exceeds this many nats
+KL_SEQ_EXPLOSION = 10.0
+#: the failure labels, in the order :func:`failure_label` checks them
+FAILURE_LABELS = ("collapse", "determinism", "length", "stall", "divergence", "ok")
 #: columns of :func:`run_summary` (after the grouping columns)
 SUMMARY_COLUMNS = (
     "steps",
@@ -43,6 +74,17 @@ SUMMARY_COLUMNS = (
     "cosine_mean",
     "zero_frac_mean",
     "chi2_seq_max",
+    "kl_seq_max",
+    "entropy_start",
+    "entropy_final",
+    "length_start",
+    "length_max",
+    "gain",
+    "determinism",
+    "length_blowup",
+    "divergence_explosion",
+    "stalled",
+    "failure",
 )
 
 
@@ -81,6 +123,18 @@ def collapsed(J_start: float, J_peak: float, J_final: float, fraction: float = C
     return bool(gain > 0 and (J_peak - J_final) > fraction * gain)
 
 
+def failure_label(
+    collapse: bool, determinism: bool, length_blowup: bool, stalled: bool, explosion: bool
+) -> str:
+    """The first failure met, in the order of :data:`FAILURE_LABELS` (``"ok"`` if none)."""
+    for label, flag in zip(
+        FAILURE_LABELS, (collapse, determinism, length_blowup, stalled, explosion), strict=False
+    ):
+        if flag:
+            return label
+    return "ok"
+
+
 def normalized_gain(J, J_start, J_star):
     """(J − J_start) / (J* − J_start): the fraction of the achievable improvement obtained
     (1 = optimal, 0 = no progress, < 0 = worse than the start). NaN when J* = J_start."""
@@ -91,7 +145,12 @@ def normalized_gain(J, J_start, J_star):
     return out if out.ndim else float(out)
 
 
-def _summarize(run: pd.DataFrame, tail_fraction: float) -> dict:
+def _tail_mean(rec: pd.DataFrame, column: str, tail: np.ndarray) -> float:
+    values = rec[column].to_numpy(dtype=np.float64)
+    return float(values[tail].mean()) if tail.any() else float(values[-1])
+
+
+def _summarize(run: pd.DataFrame, tail_fraction: float, J_star: float) -> dict:
     run = run.sort_values("step")
     rec = run[run["recorded"].astype(bool)]
     J = rec["J"].to_numpy(dtype=np.float64)
@@ -103,6 +162,18 @@ def _summarize(run: pd.DataFrame, tail_fraction: float) -> dict:
     J_final = float(J[tail].mean()) if tail.any() else float(J[-1])
     peak = int(np.argmax(J))
     J_start, J_peak = float(J[0]), float(J[peak])
+    has = {c: c in rec.columns and rec[c].notna().any() for c in ("kl_seq", "entropy", "length")}
+    kl_max = float(rec["kl_seq"].max()) if has["kl_seq"] else math.nan
+    h0 = float(rec["entropy"].iloc[0]) if has["entropy"] else math.nan
+    h1 = _tail_mean(rec, "entropy", tail) if has["entropy"] else math.nan
+    l0 = float(rec["length"].iloc[0]) if has["length"] else math.nan
+    l_max = float(rec["length"].max()) if has["length"] else math.nan
+    gain = normalized_gain(J_final, J_start, J_star) if np.isfinite(J_star) else math.nan
+    low_gain = bool(np.isfinite(gain) and gain < STALL_GAIN)
+    collapse = collapsed(J_start, J_peak, J_final)
+    determinism = bool(low_gain and h1 < DETERMINISM_ENTROPY * h0)
+    blowup = bool(l_max > LENGTH_BLOWUP * l0)
+    explosion = bool(kl_max > KL_SEQ_EXPLOSION)
     return {
         "steps": total,
         "J_start": J_start,
@@ -110,16 +181,29 @@ def _summarize(run: pd.DataFrame, tail_fraction: float) -> dict:
         "J_peak": J_peak,
         "J_mean": float(J.mean()),
         "J_min_after_peak": float(J[peak:].min()),
-        "collapsed": collapsed(J_start, J_peak, J_final),
+        "collapsed": collapse,
         "cosine_mean": float(np.nanmean(rec["cosine"]))
         if rec["cosine"].notna().any()
         else math.nan,
         "zero_frac_mean": float(run["zero_frac"].mean()),
         "chi2_seq_max": float(rec["chi2_seq"].max()),
+        "kl_seq_max": kl_max,
+        "entropy_start": h0,
+        "entropy_final": h1,
+        "length_start": l0,
+        "length_max": l_max,
+        "gain": gain,
+        "determinism": determinism,
+        "length_blowup": blowup,
+        "divergence_explosion": explosion,
+        "stalled": low_gain,
+        "failure": failure_label(collapse, determinism, blowup, low_gain, explosion),
     }
 
 
-def run_summary(table: pd.DataFrame, by, tail_fraction: float = TAIL_FRACTION) -> pd.DataFrame:
+def run_summary(
+    table: pd.DataFrame, by, tail_fraction: float = TAIL_FRACTION, J_star=None
+) -> pd.DataFrame:
     """One row per run of ``table`` (grouped by the columns ``by``), with
     :data:`SUMMARY_COLUMNS`:
 
@@ -129,7 +213,18 @@ def run_summary(table: pd.DataFrame, by, tail_fraction: float = TAIL_FRACTION) -
       learning curve per step), ``J_min_after_peak``;
     - ``collapsed``: :func:`collapsed` (J_start, J_peak, J_final);
     - ``cosine_mean`` (mean recorded cosine of the estimator to ∇J), ``zero_frac_mean``
-      (mean clip/mask fraction), ``chi2_seq_max`` (largest recorded χ²_seq(π‖μ)).
+      (mean clip/mask fraction), ``chi2_seq_max`` / ``kl_seq_max`` (largest recorded
+      χ²_seq / KL_seq(π‖μ));
+    - ``entropy_start`` / ``entropy_final`` (per-token entropy of π, first recorded / tail
+      mean), ``length_start`` / ``length_max`` (E|y|, first / largest recorded);
+    - ``gain``: :func:`normalized_gain` of J_final against ``J_star`` (NaN without J*);
+    - the failure flags ``collapsed``, ``determinism``, ``length_blowup``,
+      ``divergence_explosion``, ``stalled`` and the label ``failure`` (module docstring;
+      ``determinism`` and ``stall`` need J*, and are False without it).
+
+    ``J_star``: the optimum J* (:func:`optimal_J`), a number for every run, a dict from the
+    first grouping column's value to J* (e.g. per T), or None: the table's ``J_star`` column
+    if it has one, else NaN.
 
     Rows in the order of first appearance of each group.
     """
@@ -142,7 +237,14 @@ def run_summary(table: pd.DataFrame, by, tail_fraction: float = TAIL_FRACTION) -
     rows = []
     for key, run in table.groupby(by, sort=False, dropna=False):
         key = key if isinstance(key, tuple) else (key,)
-        rows.append({**dict(zip(by, key, strict=True)), **_summarize(run, tail_fraction)})
+        if isinstance(J_star, dict):
+            star = J_star[key[0]]
+        elif J_star is not None:
+            star = J_star
+        else:
+            star = run["J_star"].iloc[0] if "J_star" in run.columns else math.nan
+        summary = _summarize(run, tail_fraction, float(star))
+        rows.append({**dict(zip(by, key, strict=True)), **summary})
     return pd.DataFrame(rows, columns=[*by, *SUMMARY_COLUMNS])
 
 

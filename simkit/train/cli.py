@@ -47,11 +47,16 @@ RUN_DEFAULTS = {
     "max_grad_norm": None,
     "gradient": "estimator",
     "record_every": 1,
+    "parameterization": "tabular",
+    "features": 256,
+    "feature_rank": 16,
     "precision": None,
     "logit_noise": 0.0,
     "spike_prob": 0.0,
     "spike_strength": 0.0,
     "spike_tokens": 1,
+    "relative_noise": 0.0,
+    "sharpness_noise": 0.0,
     "seed": 0,
     "chunk_steps": 100,
     "stop_after": None,
@@ -193,6 +198,15 @@ def register(subparsers) -> argparse.ArgumentParser:
         help="'exact': ascend the true gradient (the estimator is still recorded)",
     )
     g.add_argument("--record-every", type=int, default=1, help="exact columns every K steps")
+    g.add_argument(
+        "--parameterization",
+        choices=["tabular", "tied", "features"],
+        default="tabular",
+        help="policy parameters: per-position table, one table for all positions, or low-rank "
+        "random features (default %(default)s)",
+    )
+    g.add_argument("--features", type=int, default=256, help="features: dimension d")
+    g.add_argument("--feature-rank", type=int, default=16, help="features: token-embedding rank")
 
     g = p.add_argument_group("inference mismatch (one run)")
     g.add_argument("--precision", choices=["bf16", "fp16"], help="round mu's logits")
@@ -200,6 +214,10 @@ def register(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--spike-prob", type=float, default=0.0, help="toxic-tail spike probability")
     g.add_argument("--spike-strength", type=float, default=0.0, help="spike: mu x e^-s")
     g.add_argument("--spike-tokens", type=int, default=1, help="rarest tokens starved per spike")
+    g.add_argument("--relative-noise", type=float, default=0.0, help="noise rho*|logit - row mean|")
+    g.add_argument(
+        "--sharpness-noise", type=float, default=0.0, help="noise s*(1 - H/log V) per row"
+    )
 
     g = p.add_argument_group("output")
     g.add_argument("--seed", type=int, default=0, help="the run's seed (default 0)")
@@ -239,6 +257,8 @@ INT_OPTIONS = {
     "steps": 1,
     "record_every": 1,
     "spike_tokens": 1,
+    "features": 1,
+    "feature_rank": 1,
     "seed": 0,
     "chunk_steps": 1,
     "stop_after": 1,
@@ -255,6 +275,11 @@ OPTION_NAMES = {
     "TrainConfig.record_every": "--record-every",
     "TrainConfig.optimizer": "--optimizer",
     "TrainConfig.gradient": "--gradient",
+    "TrainConfig.parameterization": "--parameterization",
+    "TrainConfig.features": "--features",
+    "TrainConfig.feature_rank": "--feature-rank",
+    "Mismatch.relative_noise": "--relative-noise",
+    "Mismatch.sharpness_noise": "--sharpness-noise",
     "train.chunk_steps": "--chunk-steps",
     "train.stop_after": "--stop-after",
     "Adam.lr": "--lr",
@@ -388,6 +413,8 @@ def _train_config(args):
             spike_prob=args.spike_prob,
             spike_strength=args.spike_strength,
             spike_tokens=args.spike_tokens,
+            relative_noise=args.relative_noise,
+            sharpness_noise=args.sharpness_noise,
         )
         return TrainConfig(
             estimator=_estimator(args),
@@ -401,6 +428,9 @@ def _train_config(args):
             gradient=args.gradient,
             mismatch=mismatch,
             record_every=args.record_every,
+            parameterization=args.parameterization,
+            features=args.features,
+            feature_rank=args.feature_rank,
         )
     except (TypeError, ValueError) as err:
         _error(_as_typed(str(err)))
@@ -421,31 +451,47 @@ def _run_one(args) -> int:
     if args.out is not None and Path(args.out).exists():
         try:
             done = checkpoint_step(args.out) if (Path(args.out) / "run.json").exists() else 0
-        except TrainError as err:  # train() recovers from an earlier checkpoint, or restarts
-            print(f"warning: {str(err).split('; re-run')[0]}", file=sys.stderr)
+        except TrainError:  # damaged: train() warns, resumes from an earlier one or restarts
             done = 0
         if done:
             print(f"resuming {args.out} from step {done}", file=sys.stderr)
     try:
-        table = train(
-            env,
-            config,
-            seed=args.seed,
-            out_dir=args.out,
-            chunk_steps=args.chunk_steps,
-            stop_after=args.stop_after,
-            progress=not args.no_progress,
-        )
+        with _warnings_as_lines():  # a damaged checkpoint's fallback, as one line each
+            table = train(
+                env,
+                config,
+                seed=args.seed,
+                out_dir=args.out,
+                chunk_steps=args.chunk_steps,
+                stop_after=args.stop_after,
+                progress=not args.no_progress,
+            )
     except (TrainError, ValueError, FloatingPointError) as err:
         _error(_as_typed(str(err)))
     if args.table is not None:
-        if args.table.endswith(".csv"):
-            table.to_csv(args.table, index=False)
-        else:
-            table.to_parquet(args.table, index=False)
+        from simkit.sweep import write_table
+
+        write_table(table, args.table)  # atomically: never a half-written file
         print(f"table written to {args.table}", file=sys.stderr)
     print(_run_report(table, config, env.J(), optimal_J(env)))
     return 0
+
+
+def _warnings_as_lines():
+    """A context in which warnings print as ``simkit: warning: …`` lines (no source line)."""
+    import contextlib
+    import warnings
+
+    @contextlib.contextmanager
+    def context():
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", RuntimeWarning)
+            warnings.showwarning = lambda message, *_, **__: print(
+                f"simkit: warning: {message}", file=sys.stderr
+            )
+            yield
+
+    return context()
 
 
 def _check_outputs(out, table) -> None:
@@ -480,11 +526,12 @@ def _run_report(table, config, J_start: float, J_star: float) -> str:
             lines.append(
                 rec.iloc[idx][cols].to_string(index=False, float_format=lambda v: f"{v:.4g}")
             )
-        s = run_summary(table.assign(run=0), "run").iloc[0]
+        s = run_summary(table.assign(run=0), "run", J_star=J_star).iloc[0]
         lines.append(
             f"steps {int(s.steps)}: J start {s.J_start:.4f}, final {s.J_final:.4f}, peak "
             f"{s.J_peak:.4f}, mean {s.J_mean:.4f}; "
             + ("COLLAPSED (lost more than half of its best gain)" if s.collapsed else "no collapse")
+            + f"; failure label {s.failure} (largest KL_seq {s.kl_seq_max:.3g} nats)"
         )
     return "\n".join(lines)
 
@@ -543,7 +590,7 @@ def _run_config(args) -> int:
     setting = [k for k in cells[0].columns if len({c.columns[k] for c in cells}) > 1]
     by = ["cell", *setting] if setting else ["cell"]
     runs = run_summary(table, by)
-    runs.to_csv(out / "summary.csv", index=False)
+    sweep.write_table(runs, out / "summary.csv")
     import pandas as pd
 
     shown = runs.drop(columns=["cell", "steps", "J_min_after_peak"])

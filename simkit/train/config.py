@@ -1,81 +1,70 @@
 """Training sweeps: a grid of :func:`simkit.train.train` runs from a TOML file (``kind = "train"``).
 
-The schema of a training sweep (:class:`TrainSweepConfig`) lives with the trainer; it reuses the
-environment and estimator tables of an experiment sweep (:mod:`simkit.config`), and
-:func:`simkit.config.load_config` reads either kind. One cell = one run
-(:meth:`TrainSweepConfig.cells`), computed by :func:`run_train_cell`.
+The schema of a training sweep (:class:`TrainSweepConfig`, a pydantic model like those of
+:mod:`simkit.config.schema`) lives with the trainer; it reuses the environment and estimator
+tables of an experiment sweep, and :func:`simkit.config.load_config` reads either kind. One cell
+= one run (:meth:`TrainSweepConfig.cells`), computed by :func:`run_train_cell`.
+
+**Adding a TrainConfig field to the sweep.** Declare it on :class:`TrainSweepConfig` with the
+same name (type, range, and the :class:`~simkit.train.TrainConfig` default): every field whose
+name is a ``TrainConfig`` field and is not swept (:data:`SWEPT`) is passed to every run
+(:func:`_scalars`), written by :meth:`TrainSweepConfig.to_dict` and shown by ``simkit schema
+train``. A swept field is a :func:`simkit.config.schema.one_or_more` list added to
+:meth:`TrainSweepConfig.runs`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-from dataclasses import dataclass
-from typing import ClassVar
+from typing import Annotated, Literal
 
-from simkit.config import (
-    Cell,
+from pydantic import Field, StrictFloat, StrictStr, model_validator
+
+from simkit.config.cells import Cell
+from simkit.config.errors import KeyPathError
+from simkit.config.run import build_environment
+from simkit.config.schema import (
     EstimatorConfig,
+    Frozen,
+    NonNegInt,
+    PosInt,
     TokenMDPConfig,
-    _check_keys,
-    _distinct,
-    _distinct_estimators,
-    _environment_from_dict,
-    _estimator_configs,
-    _estimator_from_dict,
-    _fail,
-    _float,
-    _int,
-    _message,
-    _plain,
-    _str,
-    _toml_key,
-    _toml_value,
-    _tuple,
-    _type_name,
-    build_environment,
-    canonical_json,
-    cell_key,
+    distinct_estimators,
+    one_or_more,
 )
+from simkit.estimator_specs import plain
 from simkit.train.core import GRADIENTS, TrainConfig
 from simkit.train.mismatch import Mismatch
 from simkit.train.optim import OPTIMIZERS
+from simkit.train.params import PARAMETERIZATIONS
 
-__all__ = ["MISMATCH_KEYS", "TrainSweepConfig", "mismatch_to_dict", "run_train_cell"]
+__all__ = ["MISMATCH_KEYS", "SWEPT", "TrainSweepConfig", "mismatch_to_dict", "run_train_cell"]
 
-CONFIG_KINDS = ("experiment", "train")
 #: keys of a ``[[mismatch]]`` table (the fields of :class:`simkit.train.Mismatch`)
 MISMATCH_KEYS = tuple(f.name for f in dataclasses.fields(Mismatch))
-#: TrainConfig fields that a training sweep sets once for every run (scalars)
-_TRAIN_SCALARS = (
-    "steps",
-    "optimizer",
-    "beta1",
-    "beta2",
-    "adam_eps",
-    "max_grad_norm",
-    "gradient",
-    "record_every",
-)
-_TRAIN_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+#: TrainConfig fields that a training sweep sets per run (swept, or derived from N)
+SWEPT = ("estimator", "batch", "minibatches", "lag", "lr", "mismatch")
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+#: the parameterisation fields, written by ``to_dict`` only for a non-tabular policy
+_FEATURE_KEYS = ("parameterization", "features", "feature_rank", "feature_seed")
+_Positive = Annotated[StrictFloat, Field(gt=0.0, allow_inf_nan=False)]
+_Unit = Annotated[StrictFloat, Field(gt=0.0, lt=1.0)]
 
 
-def _mismatch_from_dict(d, path: str) -> Mismatch:
-    _check_keys(d, path, MISMATCH_KEYS)
-    try:
-        return Mismatch(**d)
-    except (ValueError, TypeError) as exc:
-        _fail(path, _message(exc))
+def _scalars() -> tuple[str, ...]:
+    """The TrainConfig fields a training sweep sets once for every run (its own fields of the
+    same name that are not swept)."""
+    fields = {f.name for f in dataclasses.fields(TrainConfig)} - set(SWEPT)
+    return tuple(name for name in TrainSweepConfig.model_fields if name in fields)
 
 
 def mismatch_to_dict(m: Mismatch) -> dict:
     """The non-default fields of a mismatch (TOML has no None; the defaults are implied)."""
     default = Mismatch()
-    return _plain({k: v for k, v in m.to_dict().items() if v != getattr(default, k)})
+    return plain({k: v for k, v in m.to_dict().items() if v != getattr(default, k)})
 
 
-@dataclass(frozen=True)
-class TrainSweepConfig:
+class TrainSweepConfig(Frozen):
     """A grid of training runs (:func:`simkit.train.train`): ``kind = "train"`` in TOML.
 
     One cell = one run: environment length ``T`` × ``mismatch`` × ``lag`` × ``lr`` ×
@@ -90,8 +79,9 @@ class TrainSweepConfig:
     update: the rollout batch is N·m, so that every N makes the same updates on the same number
     of samples and only the staleness changes) or ``batch`` (a fixed rollout batch B split
     into N mini-batches of B/N). ``steps``, ``optimizer``, ``beta1``, ``beta2``, ``adam_eps``,
-    ``max_grad_norm``, ``gradient`` and ``record_every`` are the
-    :class:`~simkit.train.TrainConfig` fields, the same for every run.
+    ``max_grad_norm``, ``gradient``, ``record_every``, ``parameterization``, ``features``,
+    ``feature_rank`` and ``feature_seed`` are the :class:`~simkit.train.TrainConfig` fields,
+    the same for every run.
 
     **Seeds.** A run's random streams are ``SeedSequence(seed)`` of its entry of ``seeds``,
     exactly as ``simkit.train.train(env, config, seed=seed)``: runs that differ only in the
@@ -122,125 +112,60 @@ class TrainSweepConfig:
         group_size = 8
     """
 
-    name: str
+    kind: Literal["train"] = Field("train", description="the kind of sweep")
+    name: Annotated[StrictStr, Field(min_length=1)]
     environment: TokenMDPConfig
-    estimators: tuple[EstimatorConfig, ...]
-    steps: int
-    minibatches: tuple[int, ...] = (1,)
-    minibatch_size: int | None = None
-    batch: int | None = None
-    lag: tuple[int, ...] = (0,)
-    mismatch: tuple[Mismatch, ...] = (Mismatch(),)
-    lr: tuple[float, ...] = (_TRAIN_DEFAULTS["lr"],)
-    optimizer: str = _TRAIN_DEFAULTS["optimizer"]
-    beta1: float = _TRAIN_DEFAULTS["beta1"]
-    beta2: float = _TRAIN_DEFAULTS["beta2"]
-    adam_eps: float = _TRAIN_DEFAULTS["adam_eps"]
-    max_grad_norm: float | None = None
-    gradient: str = _TRAIN_DEFAULTS["gradient"]
-    record_every: int = _TRAIN_DEFAULTS["record_every"]
-    seeds: tuple[int, ...] = (0,)
+    estimators: Annotated[tuple[EstimatorConfig, ...], Field(min_length=1)]
+    steps: PosInt
+    minibatches: one_or_more(PosInt) = (1,)
+    minibatch_size: PosInt | None = None
+    batch: PosInt | None = None
+    lag: one_or_more(NonNegInt) = (0,)
+    mismatch: Annotated[tuple[Mismatch, ...], Field(min_length=1)] = (Mismatch(),)
+    lr: one_or_more(_Positive) = (_DEFAULTS["lr"],)
+    optimizer: Literal[OPTIMIZERS] = _DEFAULTS["optimizer"]
+    beta1: _Unit = _DEFAULTS["beta1"]
+    beta2: _Unit = _DEFAULTS["beta2"]
+    adam_eps: _Positive = _DEFAULTS["adam_eps"]
+    max_grad_norm: _Positive | None = None
+    gradient: Literal[GRADIENTS] = _DEFAULTS["gradient"]
+    record_every: PosInt = _DEFAULTS["record_every"]
+    parameterization: Literal[PARAMETERIZATIONS] = _DEFAULTS["parameterization"]
+    features: PosInt = _DEFAULTS["features"]
+    feature_rank: PosInt = _DEFAULTS["feature_rank"]
+    feature_seed: NonNegInt = _DEFAULTS["feature_seed"]
+    seeds: one_or_more(NonNegInt) = (0,)
 
-    kind: ClassVar[str] = "train"
-
-    def __post_init__(self):
-        _str(self.name, "name")
-        if not self.name:
-            _fail("name", "must not be empty")
-        if not isinstance(self.environment, TokenMDPConfig):
-            _fail(
-                "environment",
-                "a training sweep needs a token MDP environment (kind = 'token_mdp'), got "
-                f"{_type_name(self.environment)}",
-            )
-        object.__setattr__(self, "estimators", _estimator_configs(self.estimators))
-        object.__setattr__(self, "steps", _int(self.steps, "steps", low=1))
-        for name, low in (("minibatches", 1), ("lag", 0), ("seeds", 0)):
-            values = _tuple(getattr(self, name), name, lambda v, q, lo=low: _int(v, q, low=lo))
-            _distinct(values, name)
-            object.__setattr__(self, name, values)
-        lrs = _tuple(self.lr, "lr", lambda v, q: _float(v, q))
-        _distinct(lrs, "lr")
-        object.__setattr__(self, "lr", lrs)
+    @model_validator(mode="after")
+    def _check(self):
         sizes = [k for k in ("minibatch_size", "batch") if getattr(self, k) is not None]
         if len(sizes) != 1:
-            _fail(
+            raise KeyPathError(
                 "minibatch_size",
                 "give exactly one of minibatch_size (sequences per update; rollout batch = "
                 f"N·minibatch_size) or batch (rollout batch, split into N); got {sizes or 'none'}",
             )
-        object.__setattr__(self, sizes[0], _int(getattr(self, sizes[0]), sizes[0], low=1))
-        mm = self.mismatch
-        if isinstance(mm, Mismatch) or not isinstance(mm, list | tuple) or not mm:
-            _fail("mismatch", "expected a non-empty list of mismatch tables ([[mismatch]])")
-        for i, m in enumerate(mm):
-            if not isinstance(m, Mismatch):
-                _fail(f"mismatch[{i}]", f"expected a simkit.train.Mismatch, got {_type_name(m)}")
-        object.__setattr__(self, "mismatch", tuple(mm))
-        labels = [m.label for m in self.mismatch]
-        _distinct(tuple(labels), "mismatch")
-        for m in self.mismatch:
+        seen: dict[str, int] = {}
+        for i, m in enumerate(self.mismatch):
+            if m.label in seen:
+                raise KeyPathError(f"mismatch[{i}]", f"repeated value {m.label!r}")
+            seen[m.label] = i
             if m.spike_prob > 0 and m.spike_strength > 0 and m.spike_tokens >= self.environment.V:
-                i = self.mismatch.index(m)
-                _fail(
+                raise KeyPathError(
                     f"mismatch[{i}].spike_tokens",
                     f"must be < V = {self.environment.V} (a spike starves the rarest tokens of "
                     f"a row, not all of them), got {m.spike_tokens}",
                 )
-        _str(self.optimizer, "optimizer", OPTIMIZERS, "optimizer")
-        _str(self.gradient, "gradient", GRADIENTS, "gradient")
-        for i, lr in enumerate(self.lr):
-            if not lr > 0:
-                _fail(f"lr[{i}]" if len(self.lr) > 1 else "lr", f"must be > 0, got {lr!r}")
-        for name in ("beta1", "beta2"):
-            value = _float(getattr(self, name), name)
-            if not 0.0 < value < 1.0:
-                _fail(name, f"must be in (0, 1), got {value!r}")
-            object.__setattr__(self, name, value)
-        eps = _float(self.adam_eps, "adam_eps")
-        if not eps > 0:
-            _fail("adam_eps", f"must be > 0, got {eps!r}")
-        object.__setattr__(self, "adam_eps", eps)
-        if self.max_grad_norm is not None:
-            value = _float(self.max_grad_norm, "max_grad_norm")
-            if not value > 0:
-                _fail("max_grad_norm", f"must be > 0 (or absent: no clipping), got {value!r}")
-            object.__setattr__(self, "max_grad_norm", value)
-        object.__setattr__(self, "record_every", _int(self.record_every, "record_every", low=1))
-        _distinct_estimators(self.estimators)
+        distinct_estimators(self.estimators)
         self.validate()
+        return self
 
     # --- construction --------------------------------------------------------------------
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainSweepConfig:
         """Build (and check) a training sweep from a plain dict, e.g. parsed TOML."""
-        if not isinstance(d, dict):
-            _fail("config", f"expected a table (dict), got {_type_name(d)}")
-        top = ("kind", *(f.name for f in dataclasses.fields(cls)))
-        _check_keys(d, "", top, ("name", "environment", "estimators", "steps"))
-        if d.get("kind", "train") != "train":
-            _fail("kind", f"a training sweep has kind = 'train', got {d['kind']!r}")
-        env = d["environment"]
-        if isinstance(env, dict) and env.get("kind") != "token_mdp":
-            _fail(
-                "environment.kind",
-                f"a training sweep needs kind = 'token_mdp', got {env.get('kind')!r}",
-            )
-        raw = d["estimators"]
-        if not isinstance(raw, list | tuple) or not raw:
-            _fail("estimators", "expected a non-empty list of estimator tables ([[estimators]])")
-        kwargs = {k: v for k, v in d.items() if k != "kind"}
-        kwargs["environment"] = _environment_from_dict(env)
-        kwargs["estimators"] = tuple(_estimator_from_dict(e, i) for i, e in enumerate(raw))
-        if "mismatch" in d:
-            mm = d["mismatch"]
-            if not isinstance(mm, list | tuple) or not mm:
-                _fail("mismatch", "expected a non-empty list of mismatch tables ([[mismatch]])")
-            kwargs["mismatch"] = tuple(
-                _mismatch_from_dict(m, f"mismatch[{i}]") for i, m in enumerate(mm)
-            )
-        return cls(**kwargs)
+        return cls.validated(d)
 
     def to_dict(self) -> dict:
         """The canonical plain dict (``from_dict(to_dict(c)) == c``; TOML-writable)."""
@@ -251,15 +176,20 @@ class TrainSweepConfig:
                 d[key] = getattr(self, key)
         d["lag"] = list(self.lag)
         d["lr"] = list(self.lr)
-        for key in ("optimizer", "beta1", "beta2", "adam_eps", "max_grad_norm", "gradient"):
-            if getattr(self, key) is not None:
+        for key in _scalars():
+            if key in _FEATURE_KEYS and self.parameterization == "tabular":
+                continue  # the tabular default: no parameterisation keys (older files agree)
+            if key != "steps" and getattr(self, key) is not None:
                 d[key] = getattr(self, key)
-        d["record_every"] = self.record_every
         d["seeds"] = list(self.seeds)
         d["environment"] = self.environment.to_dict()
         d["mismatch"] = [mismatch_to_dict(m) for m in self.mismatch]
         d["estimators"] = [e.to_dict() for e in self.estimators]
-        return _plain(d)
+        return plain(d)
+
+    def toml_tables(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The keys written as ``[table]`` and as ``[[array of tables]]`` in TOML."""
+        return ("environment",), ("mismatch", "estimators")
 
     # --- the runs ------------------------------------------------------------------------
 
@@ -273,19 +203,12 @@ class TrainSweepConfig:
         """The :class:`~simkit.train.TrainConfig` of one run."""
         return TrainConfig(
             estimator=estimator,
-            steps=self.steps,
             batch=self.rollout_batch(N),
             minibatches=N,
             lag=lag,
-            optimizer=self.optimizer,
             lr=self.lr[0] if lr is None else lr,
-            beta1=self.beta1,
-            beta2=self.beta2,
-            adam_eps=self.adam_eps,
-            max_grad_norm=self.max_grad_norm,
-            gradient=self.gradient,
             mismatch=Mismatch() if mismatch is None else mismatch,
-            record_every=self.record_every,
+            **{name: getattr(self, name) for name in _scalars()},
         )
 
     def runs(self):
@@ -305,6 +228,8 @@ class TrainSweepConfig:
         """Build every run's :class:`~simkit.train.TrainConfig` (batch sizes that do not
         split into N mini-batches or into advantage groups, bad optimizer settings…), each
         error naming the run. Returns ``self``."""
+        from simkit.config.errors import ConfigError
+
         ests = [e for ec in self.estimators for e in ec.build()]
         for N in self.minibatches:
             for est in ests:
@@ -314,11 +239,11 @@ class TrainSweepConfig:
                             self.train_config(est, N, lag, lr)
                         except (ValueError, TypeError) as exc:
                             where = "minibatch_size" if self.minibatch_size else "batch"
-                            _fail(
-                                where,
-                                f"run (estimator {est.name!r}, N = {N}, lag = {lag}, "
-                                f"lr = {lr!r}): {_message(exc)}",
-                            )
+                            message = exc.args[0] if isinstance(exc, KeyError) else str(exc)
+                            raise ConfigError(
+                                f"{where}: run (estimator {est.name!r}, N = {N}, lag = {lag}, "
+                                f"lr = {lr!r}): {message}"
+                            ) from None
         return self
 
     def cells(self) -> list[Cell]:
@@ -340,7 +265,6 @@ class TrainSweepConfig:
                 "train": config_dict(cfg),
                 "seed": int(seed),
             }
-            params = json.loads(canonical_json(params))
             est = cfg.estimator
             columns = {
                 "env": env_cfg.constructor,
@@ -358,15 +282,7 @@ class TrainSweepConfig:
                 "lr": cfg.lr,
                 "seed": int(seed),
             }
-            cells.append(
-                Cell(
-                    key=cell_key(params, int(seed)),
-                    params=params,
-                    columns=columns,
-                    seed=int(seed),
-                    index=len(cells),
-                )
-            )
+            cells.append(Cell.make(params, columns, int(seed), len(cells)))
         return cells
 
 
@@ -387,19 +303,3 @@ def run_train_cell(cell: Cell, progress: bool = False):
     table["cell"] = cell.key
     table["simkit_version"] = __version__
     return table
-
-
-def _train_toml(config: TrainSweepConfig) -> str:
-    d = config.to_dict()
-    lines = []
-    for key, value in d.items():
-        if key in ("environment", "mismatch", "estimators"):
-            continue
-        lines.append(f"{_toml_key(key)} = {_toml_value(value)}")
-    lines += ["", "[environment]"]
-    lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in d["environment"].items()]
-    for table in ("mismatch", "estimators"):
-        for entry in d[table]:
-            lines += ["", f"[[{table}]]"]
-            lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in entry.items()]
-    return "\n".join(lines) + "\n"

@@ -1,7 +1,10 @@
 """Policy optimisation on a token MDP with the rollout/update schedule of real RL trainers.
 
-The policy is tabular: θ = logits of shape (T, P, V) of a :class:`~simkit.envs.TokenMDP`
-(π(·|t, s) = softmax(θ[t, policy_index[s]])), starting from ``env.logits``. One **rollout**:
+The policy is π(·|t, s) = softmax(L(θ)[t, policy_index[s]]) on a :class:`~simkit.envs.TokenMDP`,
+with the logits L(θ) of ``config.parameterization`` (:mod:`simkit.train.params`): ``"tabular"``
+θ = L of shape (T, P, V) (the default), ``"tied"`` (one table for all positions) or
+``"features"`` (low-rank embeddings); L(θ₀) = ``env.logits``. Gradients w.r.t. the logits
+(exact ∇J, the estimator's ĝ) are pulled back to θ by the chain rule. One **rollout**:
 
 1. the behaviour parameters θ_b are the trainer's θ at the start of the rollout ``lag``
    rollouts ago (asynchronous RL: the generator runs ``lag`` policy versions behind; the first
@@ -17,11 +20,23 @@ The policy is tabular: θ = logits of shape (T, P, V) of a :class:`~simkit.envs.
    softmax(θ after j updates of this rollout) against the μ that generated it — the staleness
    N = global batch / mini batch of PPO-style trainers (VESPO, arXiv 2602.10693, §5).
 
+**Three policies.** The trainer holds μ (the inference engine's policy: θ lagged by ``lag``
+rollouts, through the ``mismatch``), π_old (θ at the start of the current rollout: the
+trainer's own recompute of the rollout's log-probabilities, as verl and TRL do before the
+mini-batch loop) and π = π_j (the current θ). Staleness separates π from π_old; lag and
+mismatch separate π_old from μ. The exact columns ``kl_seq_old`` (π‖π_old) and
+``kl_seq_old_mu`` (π_old‖μ) measure the two legs.
+
 Each optimizer step uses the estimator (mapping × aggregation × advantage of the registry,
 :class:`simkit.estimators.Estimator`):
 
     ĝ = Σ_{i,t} c_{i,t}·A_i/Z_i · ∇θ log π_j(y_{i,t} | t, s_{i,t}),
     c = mapping.coefficients(log π_j − log μ, mask, A)
+
+An estimator with a ``correction`` (a composed estimator: decoupled PPO × token TIS, bypass
+mode, TRL's PPO × vLLM IS) gets the second leg too: ``estimator.coefficients(log π_j − log μ,
+mask, A, old_log_ratio=log π_old − log μ)`` — the interface of ``simkit.estimators`` with
+composed estimators; a plain estimator sees only π/μ.
 
 accumulated by :func:`simkit.envs.accumulate_tokens` (softmax score e_y − π, no per-sequence
 vectors), or the exact ∇J(π_j) (``gradient="exact"``, DP), optionally norm-clipped, then SGD or
@@ -41,7 +56,12 @@ the batch columns (ESS, zero-coefficient fraction, gradient norm, rewards) every
 parquet chunks of ``chunk_steps`` rows and a checkpoint (θ, optimizer state, RNG states, the
 policy versions kept for the lag, the in-flight rollout) is saved atomically after each chunk;
 running the same call again resumes from the checkpoint and produces bit for bit the table of an
-uninterrupted run.
+uninterrupted run. The previous checkpoint is kept: a damaged checkpoint or chunk (a careless
+disk) is named in a ``RuntimeWarning`` and the run resumes from the last intact one, or restarts.
+
+Long module, not split: the run loop and its checkpoints share the run's private state
+(``_State``, ``_Rollout``); a separate checkpoint module would import the loop's types and the
+loop its functions (a cycle).
 """
 
 from __future__ import annotations
@@ -63,9 +83,11 @@ import pandas as pd
 from simkit.envs.token_mdp import TokenMDP
 from simkit.envs.token_sampling import accumulate_tokens, sample_tokens
 from simkit.estimator_specs import build_estimators, estimator_params
-from simkit.estimators import Estimator, as_estimator
+from simkit.estimators import GROUP_ADVANTAGES, Estimator, as_estimator
 from simkit.train.mismatch import Mismatch, behaviour_log_probs, log_softmax
 from simkit.train.optim import OPTIMIZERS, clip_grad_norm, make_optimizer
+from simkit.train.params import PARAMETERIZATIONS, Parameterization, parameterization
+from simkit.train.worlds import Prompts, as_prompts
 
 __all__ = [
     "COLUMNS",
@@ -77,6 +99,7 @@ __all__ = [
     "config_dict",
     "load_checkpoint",
     "load_run",
+    "policy_logits",
     "train",
 ]
 
@@ -97,6 +120,10 @@ COLUMNS = {
     "kl_tok": "KL(π_s‖μ) per token, averaged over μ's state occupancy (DP)",
     "chi2_seq": "χ²(π_s‖μ) between sequence distributions (DP: E_μ[W²] − 1)",
     "kl_seq": "KL(π_s‖μ) between sequence distributions (DP, chain rule)",
+    "kl_seq_old": "KL(π_s‖π_old) of sequences: the staleness leg (π_old = θ at rollout start)",
+    "kl_seq_old_mu": "KL(π_old‖μ) of sequences: the lag + mismatch leg",
+    "entropy": "per-token entropy of π_s averaged over π_s's own occupancy, nats (DP)",
+    "length": "E_π_s|y|, the expected sequence length (DP; T without EOS)",
     "grad_norm": "‖ĝ_s‖ of the estimator (before clipping)",
     "update_norm": "‖g‖ of the direction used (ĝ or ∇J, after clipping)",
     "ess": "normalised ESS of the sequence ratios W of the mini-batch, (ΣW)²/(n·ΣW²) ∈ (0, 1]",
@@ -108,8 +135,20 @@ COLUMNS = {
     "estimator": "the estimator's name",
 }
 
-_EXACT_COLUMNS = ("J", "grad_J_norm", "cosine", "chi2_tok", "kl_tok", "chi2_seq", "kl_seq")
-_FORMAT = 1  # checkpoint format version
+_EXACT_COLUMNS = (
+    "J",
+    "grad_J_norm",
+    "cosine",
+    "chi2_tok",
+    "kl_tok",
+    "chi2_seq",
+    "kl_seq",
+    "kl_seq_old",
+    "kl_seq_old_mu",
+    "entropy",
+    "length",
+)
+_FORMAT = 2  # checkpoint format version (2: the rollout's prompts)
 _RUN_FILE = "run.json"
 _CHECKPOINT_FILE = "checkpoint.npz"
 #: the checkpoint before the last one, kept so that a damaged checkpoint costs one chunk
@@ -149,6 +188,11 @@ class TrainConfig:
     mismatch : the inference-mismatch model (:class:`~simkit.train.mismatch.Mismatch`).
     record_every : compute the exact columns every this many steps (≥ 1; also at the first and
         last step).
+    parameterization : how θ gives the logits (:mod:`simkit.train.params`): ``"tabular"`` (θ is
+        the (T, P, V) table), ``"tied"`` (one (P, V) table shared by all positions) or
+        ``"features"`` (low-rank embeddings, d = ``features`` parameters, token-embedding
+        rank ``feature_rank``, random features from ``feature_seed``). J, ∇J and the
+        divergences stay exact for all three.
     """
 
     estimator: Estimator | str = "naive"
@@ -165,6 +209,10 @@ class TrainConfig:
     gradient: str = "estimator"
     mismatch: Mismatch = field(default_factory=Mismatch)
     record_every: int = 1
+    parameterization: str = "tabular"
+    features: int = 256
+    feature_rank: int = 16
+    feature_seed: int = 0
 
     def __post_init__(self):
         object.__setattr__(self, "estimator", as_estimator(self.estimator))
@@ -174,6 +222,9 @@ class TrainConfig:
             ("minibatches", 1),
             ("lag", 0),
             ("record_every", 1),
+            ("features", 1),
+            ("feature_rank", 1),
+            ("feature_seed", 0),
         ):
             object.__setattr__(self, name, _int("TrainConfig", name, getattr(self, name), low))
         if self.batch % self.minibatches:
@@ -208,6 +259,16 @@ class TrainConfig:
             raise TypeError(
                 f"TrainConfig.mismatch must be a Mismatch, got {type(self.mismatch).__name__}"
             )
+        if self.parameterization not in PARAMETERIZATIONS:
+            raise ValueError(
+                f"TrainConfig.parameterization must be one of {PARAMETERIZATIONS}, got "
+                f"{self.parameterization!r}"
+            )
+        if self.parameterization == "features" and self.features % self.feature_rank:
+            raise ValueError(
+                f"TrainConfig.features = {self.features} must be a multiple of feature_rank = "
+                f"{self.feature_rank} (d = m·r: m context features × r token-embedding dims)"
+            )
 
     @property
     def minibatch_size(self) -> int:
@@ -221,6 +282,12 @@ class TrainConfig:
 
     def make_optimizer(self):
         return make_optimizer(self.optimizer, self.lr, self.beta1, self.beta2, self.adam_eps)
+
+    def parameterization_of(self, env: TokenMDP) -> Parameterization:
+        """The map θ ↦ logits of this config on ``env`` (:mod:`simkit.train.params`)."""
+        return parameterization(
+            env.logits, self.parameterization, self.features, self.feature_rank, self.feature_seed
+        )
 
     def to_dict(self) -> dict:
         """A plain JSON-able dict describing this config completely (:func:`config_dict`)."""
@@ -261,14 +328,16 @@ def config_dict(config: TrainConfig) -> dict:
     return out
 
 
-def _env_fingerprint(env: TokenMDP) -> str:
-    """sha256 of the environment's arrays (initial logits, automaton, reward, EOS)."""
+def _env_fingerprint(env) -> str:
+    """sha256 of the environment's arrays (initial logits, automaton, reward, EOS; every
+    prompt's, in order, for :class:`~simkit.train.worlds.Prompts`)."""
     h = hashlib.sha256()
-    for arr in (env.logits, env.transition, env.policy_index, env.reward):
-        a = np.ascontiguousarray(arr)
-        h.update(str((a.dtype.str, a.shape)).encode())
-        h.update(a.tobytes())
-    h.update(repr((env.eos, env.initial_state)).encode())
+    for e in as_prompts(env):
+        for arr in (e.logits, e.transition, e.policy_index, e.reward):
+            a = np.ascontiguousarray(arr)
+            h.update(str((a.dtype.str, a.shape)).encode())
+            h.update(a.tobytes())
+        h.update(repr((e.eos, e.initial_state)).encode())
     return h.hexdigest()
 
 
@@ -288,7 +357,10 @@ class _Rollout:
     rewards: np.ndarray  # (B,)
     advantages: np.ndarray  # (B,)
     log_mu: np.ndarray  # (T, P, V)
+    log_old: np.ndarray  # (T, P, V) log π_old: the trainer's θ at the start of the rollout
+    log_old_tok: np.ndarray  # (B, T) log π_old(y_t | t, s_t), 0 on padding
     behind: int  # rollouts between θ_b and the trainer's θ at rollout time
+    prompt: np.ndarray  # (B,) int64: the prompt of each row (all 0 for one TokenMDP)
 
     _ARRAYS = (
         "actions",
@@ -299,6 +371,9 @@ class _Rollout:
         "rewards",
         "advantages",
         "log_mu",
+        "log_old",
+        "log_old_tok",
+        "prompt",
     )
 
 
@@ -327,10 +402,16 @@ def _check_seed(seed) -> int:
     return int(seed)
 
 
-def _initial_state(env: TokenMDP, config: TrainConfig, seed: int) -> _State:
-    # C order: an env built by broadcasting has (T, P, V) logits laid out with T fastest, and
-    # reductions over V then sum in another order (other last bits) than on a C-order copy
-    theta = np.array(env.logits, dtype=np.float64, order="C")
+def policy_logits(env: TokenMDP, config: TrainConfig, theta) -> np.ndarray:
+    """The logits (T, P, V) of the policy with parameters ``theta`` (what ``callback`` and
+    :func:`load_checkpoint` give) under ``config.parameterization`` on ``env``."""
+    return config.parameterization_of(env).logits(np.asarray(theta, dtype=np.float64))
+
+
+def _initial_state(
+    env: TokenMDP, config: TrainConfig, param: Parameterization, seed: int
+) -> _State:
+    theta = param.init()
     rng_sample, rng_mismatch = _generators(seed)
     return _State(0, theta, config.make_optimizer().init(theta), [], None, rng_sample, rng_mismatch)
 
@@ -338,39 +419,78 @@ def _initial_state(env: TokenMDP, config: TrainConfig, seed: int) -> _State:
 # --- one rollout, one step ----------------------------------------------------------------------
 
 
-def _new_rollout(env: TokenMDP, config: TrainConfig, state: _State, index: int) -> _Rollout:
+def _new_rollout(
+    env: TokenMDP, config: TrainConfig, param: Parameterization, state: _State, index: int
+) -> _Rollout:
     state.versions.append(state.theta.copy())
     del state.versions[: max(len(state.versions) - (config.lag + 1), 0)]
     theta_b = state.versions[0]
     behind = len(state.versions) - 1
-    log_mu = behaviour_log_probs(theta_b, config.mismatch, state.rng_mismatch)
+    log_mu = behaviour_log_probs(param.logits(theta_b), config.mismatch, state.rng_mismatch)
     mu = np.exp(log_mu)
-    batch = sample_tokens(env, mu, config.batch, state.rng_sample)
-    T, P, V = env.logits.shape
-    flat_index = env.policy_index.astype(np.intp).take(batch.states) * V
-    flat_index += batch.actions
+    envs = as_prompts(env)
+    prompt = _prompt_of_rows(config, len(envs))
+    T, P, V = envs[0].logits.shape
+    if len(envs) == 1:
+        batch = sample_tokens(envs[0], mu, config.batch, state.rng_sample)
+        actions, states, mask, rewards = batch.actions, batch.states, batch.mask, batch.rewards
+        flat_index = envs[0].policy_index.astype(np.intp).take(states) * V
+    else:  # each prompt's rows drawn from its own automaton, in prompt order
+        actions = np.zeros((config.batch, T), dtype=np.int32)
+        states = np.zeros((config.batch, T), dtype=np.int32)
+        mask = np.zeros((config.batch, T), dtype=bool)
+        rewards = np.zeros(config.batch)
+        flat_index = np.zeros((config.batch, T), dtype=np.intp)
+        for k, e in enumerate(envs):
+            rows = np.flatnonzero(prompt == k)
+            b = sample_tokens(e, mu, rows.size, state.rng_sample)
+            actions[rows], states[rows], mask[rows], rewards[rows] = (
+                b.actions,
+                b.states,
+                b.mask,
+                b.rewards,
+            )
+            flat_index[rows] = e.policy_index.astype(np.intp).take(b.states) * V
+    flat_index += actions
     flat_index += np.arange(T, dtype=np.intp) * (P * V)
-    log_mu_tok = np.where(batch.mask, log_mu.ravel().take(flat_index), 0.0)
+    log_mu_tok = np.where(mask, log_mu.ravel().take(flat_index), 0.0)
+    log_old = log_softmax(param.logits(state.theta))
+    log_old_tok = np.where(mask, log_old.ravel().take(flat_index), 0.0)
     est = config.estimator
     if est.advantage == "oracle":  # J(μ) of the served behaviour that drew this batch
-        J_base = env.J(mu)
+        J_base = [e.J(mu) for e in envs]
     elif est.advantage == "oracle_pi":
-        J_base = env.with_logits(state.theta).J()
+        J_base = [e.with_logits(param.logits(state.theta)).J() for e in envs]
     else:
         J_base = None
-    advantages = est.advantages(batch.rewards, J=J_base)
+    if J_base is not None:  # the baseline J_k of each row's prompt (exact)
+        J_base = J_base[0] if len(envs) == 1 else np.asarray(J_base).take(prompt)
+    advantages = est.advantages(rewards, J=J_base)
     return _Rollout(
         index=index,
-        actions=batch.actions,
-        states=batch.states,
-        mask=batch.mask,
+        actions=actions,
+        states=states,
+        mask=mask,
         flat_index=flat_index,
         log_mu_tok=log_mu_tok,
-        rewards=batch.rewards,
+        rewards=rewards,
         advantages=advantages,
         log_mu=log_mu,
+        log_old=log_old,
+        log_old_tok=log_old_tok,
         behind=behind,
+        prompt=prompt,
     )
+
+
+def _group(config: TrainConfig) -> int:
+    est = config.estimator
+    return est.group_size if est.advantage in GROUP_ADVANTAGES else 1
+
+
+def _prompt_of_rows(config: TrainConfig, K: int) -> np.ndarray:
+    """(B,) prompt of each rollout row: group g = row // G goes to prompt g mod K."""
+    return ((np.arange(config.batch) // _group(config)) % K).astype(np.int64)
 
 
 def _ess(log_w: np.ndarray) -> float:
@@ -384,7 +504,62 @@ def _ess(log_w: np.ndarray) -> float:
     return float(w.sum() ** 2 / (log_w.size * (w * w).sum()))
 
 
-def _step(env: TokenMDP, config: TrainConfig, state: _State, record: bool, callback) -> dict:
+def _policy_stats(env_js) -> tuple[float, float]:
+    """(per-token entropy of π averaged over π's occupancy, E_π|y|), exact (DP); over K
+    prompts: Σ_k (entropy mass)_k / Σ_k E|y|_k and the mean E|y|."""
+    mass = length = 0.0
+    for env_j in env_js:
+        d = env_j.occupancy()  # (T, S)
+        pi = env_j.pi[:, env_j.policy_index]  # (T, S, V)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            h = -np.where(pi > 0, pi * np.log(pi), 0.0).sum(axis=-1)  # (T, S)
+        mass += float((d * h).sum())
+        length += float(d.sum())
+    return mass / length, length / len(env_js)
+
+
+def _exact_columns(env_js, mu, g_hat, grad_J) -> dict:
+    """The exact columns of π (one env, or the mean over K prompts)."""
+    norm_true = float(np.linalg.norm(grad_J))
+    norm_hat = float(np.linalg.norm(g_hat))
+    out = dict(
+        grad_J_norm=norm_true,
+        cosine=float(g_hat @ grad_J / (norm_hat * norm_true))
+        if norm_hat > 0 and norm_true > 0
+        else math.nan,
+    )
+    if len(env_js) == 1:
+        env_j = env_js[0]
+        div = env_j.divergences_tok(mu)
+        out.update(
+            J=env_j.J(),
+            chi2_tok=div["chi2_tok"],
+            kl_tok=div["kl_tok"],
+            chi2_seq=env_j.chi2_seq(mu),
+            kl_seq=env_j.kl_seq(mu),
+        )
+    else:  # uniform prompt law, the same under π and μ
+        tokens = np.array([e.occupancy(mu).sum() for e in env_js])  # E_μ|y| per prompt
+        divs = [e.divergences_tok(mu) for e in env_js]
+        out.update(
+            J=float(np.mean([e.J() for e in env_js])),
+            chi2_tok=float(sum(t * d["chi2_tok"] for t, d in zip(tokens, divs)) / tokens.sum()),
+            kl_tok=float(sum(t * d["kl_tok"] for t, d in zip(tokens, divs)) / tokens.sum()),
+            chi2_seq=float(np.mean([e.chi2_seq(mu) for e in env_js])),
+            kl_seq=float(np.mean([e.kl_seq(mu) for e in env_js])),
+        )
+    out["entropy"], out["length"] = _policy_stats(env_js)
+    return out
+
+
+def _step(
+    env: TokenMDP,
+    config: TrainConfig,
+    param: Parameterization,
+    state: _State,
+    record: bool,
+    callback,
+) -> dict:
     """One optimizer step on mini-batch j of the current rollout; returns the table row."""
     ro = state.rollout
     N, m = config.minibatches, config.minibatch_size
@@ -395,15 +570,33 @@ def _step(env: TokenMDP, config: TrainConfig, state: _State, record: bool, callb
         view = theta.view()
         view.setflags(write=False)
         callback(state.step, view)
-    env_j = env.with_logits(theta)
+    logits = param.logits(theta)
+    env_js = [e.with_logits(logits) for e in as_prompts(env)]
     mask = ro.mask[rows]
-    log_pi = log_softmax(theta).ravel()
+    log_pi = log_softmax(logits).ravel()
     log_ratio = np.where(mask, log_pi.take(ro.flat_index[rows]) - ro.log_mu_tok[rows], 0.0)
     est = config.estimator
     adv = ro.advantages[rows]
-    coef = est.coefficients(log_ratio, mask, adv)
+    if getattr(est, "correction", None) is not None:  # a composed estimator: π/π_old × π_old/μ
+        old_log_ratio = np.where(mask, ro.log_old_tok[rows] - ro.log_mu_tok[rows], 0.0)
+        coef = est.coefficients(log_ratio, mask, adv, old_log_ratio=old_log_ratio)
+    else:
+        coef = est.coefficients(log_ratio, mask, adv)
     lam = coef * adv[:, None] * est.aggregation_weights(mask)
-    g_hat = accumulate_tokens(env_j, ro.actions[rows], lam, states=ro.states[rows], mask=mask)
+    if len(env_js) == 1:
+        g_logits = accumulate_tokens(
+            env_js[0], ro.actions[rows], lam, states=ro.states[rows], mask=mask
+        )
+    else:  # the per-prompt token terms of the mini-batch, summed
+        g_logits = np.zeros(logits.size)
+        prompt = ro.prompt[rows]
+        for k, env_k in enumerate(env_js):
+            sel = prompt == k
+            if sel.any():
+                g_logits += accumulate_tokens(
+                    env_k, ro.actions[rows][sel], lam[sel], ro.states[rows][sel], mask[sel]
+                )
+    g_hat = param.pullback(g_logits)
     n_valid = int(mask.sum())
     row = {
         "step": state.step,
@@ -415,22 +608,16 @@ def _step(env: TokenMDP, config: TrainConfig, state: _State, record: bool, callb
     exact = dict.fromkeys(_EXACT_COLUMNS, math.nan)
     grad_J = None
     if record or config.gradient == "exact":
-        grad_J = env_j.grad_J()
+        if len(env_js) == 1:
+            grad_J = param.pullback(env_js[0].grad_J())
+        else:
+            grad_J = param.pullback(sum(e.grad_J() for e in env_js) / len(env_js))
     if record:
-        mu = np.exp(ro.log_mu)
-        norm_true = float(np.linalg.norm(grad_J))
-        norm_hat = float(np.linalg.norm(g_hat))
-        div = env_j.divergences_tok(mu)
-        exact.update(
-            J=env_j.J(),
-            grad_J_norm=norm_true,
-            cosine=float(g_hat @ grad_J / (norm_hat * norm_true))
-            if norm_hat > 0 and norm_true > 0
-            else math.nan,
-            chi2_tok=div["chi2_tok"],
-            kl_tok=div["kl_tok"],
-            chi2_seq=env_j.chi2_seq(mu),
-            kl_seq=env_j.kl_seq(mu),
+        exact.update(_exact_columns(env_js, np.exp(ro.log_mu), g_hat, grad_J))
+        old = np.exp(ro.log_old)
+        exact["kl_seq_old"] = float(np.mean([e.kl_seq(old) for e in env_js]))
+        exact["kl_seq_old_mu"] = float(
+            np.mean([e.with_logits(ro.log_old).kl_seq(np.exp(ro.log_mu)) for e in env_js])
         )
     row.update(exact)
     direction = clip_grad_norm(
@@ -615,8 +802,9 @@ def checkpoint_step(out_dir) -> int:
 
 
 def load_checkpoint(out_dir) -> tuple[int, np.ndarray]:
-    """``(step, θ)`` of the last checkpoint of the run in ``out_dir``: θ (T, P, V) is the
-    policy *after* ``step`` updates, i.e. π_step of the table's row ``step`` (if any)."""
+    """``(step, θ)`` of the last checkpoint of the run in ``out_dir``: θ is the policy's
+    parameters *after* ``step`` updates, i.e. π_step of the table's row ``step`` (if any);
+    (T, P, V) logits for the tabular parameterisation, else see :func:`policy_logits`."""
     path = Path(out_dir) / _CHECKPOINT_FILE
     if not path.exists():
         raise TrainError(f"{out_dir} has no checkpoint ({_CHECKPOINT_FILE})")
@@ -707,6 +895,17 @@ def _prepare(out_dir: Path, description: dict) -> bool:
     return False
 
 
+def _check_rollout_memory(env: TokenMDP, config: TrainConfig) -> None:
+    """Refuse a rollout batch (batch × T tokens, kept for its N updates) that cannot fit."""
+    from simkit._memory import check_memory, sample_bytes
+
+    check_memory(
+        sample_bytes(1, config.batch, env.T),
+        f"a rollout batch of {config.batch} sequences of length T = {env.T}",
+        "batch (simkit train: --N x --minibatch-size)",
+    )
+
+
 def _check_out_dir(out: Path) -> None:
     from simkit._validation import check_output_dir
 
@@ -730,11 +929,13 @@ def train(
     callback: Callable[[int, np.ndarray], None] | None = None,
     progress: bool = False,
 ) -> pd.DataFrame:
-    """Train a tabular policy on ``env`` (module docstring); return the per-step table.
+    """Train a policy on ``env`` (module docstring); return the per-step table.
 
     Parameters
     ----------
-    env : the :class:`~simkit.envs.TokenMDP`; θ starts at ``env.logits``.
+    env : the :class:`~simkit.envs.TokenMDP`, or :class:`~simkit.train.worlds.Prompts` (K
+        prompts sharing the policy: J and ∇J are the prompt means, the rollout's groups go
+        round-robin over the prompts); θ starts at ``env.logits``.
     config : the :class:`TrainConfig`.
     seed : root of every random stream (``SeedSequence(seed)``); same seed ⇒ same table.
     out_dir : None (in memory) or a directory: the table is written in parquet chunks of
@@ -743,16 +944,23 @@ def train(
         checkpoint. The returned table is then read back from the chunks (:func:`load_run`).
     stop_after : stop once this many steps (in total) are done — a checkpointed, resumable
         partial run (with ``out_dir``). None: run all ``config.steps``.
-    callback : ``callback(step, theta)`` before each update with the (read-only) θ of π_step.
+    callback : ``callback(step, theta)`` before each update with the (read-only) parameters θ
+        of π_step (the logits for ``"tabular"``; :func:`policy_logits` maps them otherwise).
     progress : show a tqdm bar.
 
     Returns a DataFrame with the columns of :data:`COLUMNS`, one row per step done.
     """
-    if not isinstance(env, TokenMDP):
-        raise TypeError(f"env must be a TokenMDP, got {type(env).__name__}")
+    if not isinstance(env, TokenMDP | Prompts):
+        raise TypeError(f"env must be a TokenMDP or Prompts, got {type(env).__name__}")
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
     seed = _check_seed(seed)
+    K = len(as_prompts(env))
+    if K > 1 and config.batch // _group(config) < K:
+        raise ValueError(
+            f"TrainConfig.batch = {config.batch} gives {config.batch // _group(config)} "
+            f"group(s) per rollout for {K} prompts: every prompt needs at least one group"
+        )
     chunk_steps = _int("train", "chunk_steps", chunk_steps, 1)
     end = config.steps
     if stop_after is not None:
@@ -761,7 +969,9 @@ def train(
         raise ValueError(
             f"mismatch.spike_tokens = {config.mismatch.spike_tokens} must be < V = {env.V}"
         )
+    _check_rollout_memory(env, config)
 
+    param = config.parameterization_of(env)
     out = None if out_dir is None else Path(out_dir)
     if out is not None:
         _check_out_dir(out)
@@ -784,7 +994,7 @@ def train(
                     with contextlib.suppress(FileNotFoundError):
                         (out / name).unlink()
     if state is None:
-        state = _initial_state(env, config, seed)
+        state = _initial_state(env, config, param, seed)
 
     from tqdm.auto import tqdm
 
@@ -801,10 +1011,10 @@ def train(
     try:
         while state.step < end:
             if state.step % N == 0:
-                state.rollout = _new_rollout(env, config, state, state.step // N)
+                state.rollout = _new_rollout(env, config, param, state, state.step // N)
             s = state.step
             record = s % config.record_every == 0 or s == config.steps - 1
-            rows.append(_step(env, config, state, record, callback))
+            rows.append(_step(env, config, param, state, record, callback))
             state.step += 1
             if state.step % N == 0:
                 state.rollout = None

@@ -8,7 +8,14 @@ framework secretly brings you off-policy RL training"; Liu, Li et al. 2025, rl-c
 (the parameters the rollout was generated with):
 
 1. **logit noise**: θ_b + σ·ε with ε ~ N(0, 1) i.i.d. per logit, drawn afresh for every rollout
-   (different kernels / batch shapes give slightly different logits);
+   (different kernels / batch shapes give slightly different logits). Two noises **grow with
+   the policy** (each drawn only when enabled, after σ's, in this order):
+
+   - ``relative_noise`` ρ: + ρ·|θ_b − mean_v θ_b|·ε′ per logit — a kernel error proportional
+     to the logit's magnitude (as floating-point error is), so it grows as logits sharpen;
+   - ``sharpness_noise`` σ_s: + σ_s·(1 − H(π_b(·|t, p))/log V)·ε″ with ε″ ~ N(0, 1) per
+     logit and one scale per row (t, p) — an expert-routing-like perturbation whose scale
+     grows as the row becomes deterministic (0 on a uniform row, σ_s on a one-hot row);
 2. **precision rounding**: every logit rounded to bfloat16 (8 significant bits) or float16
    (11 significant bits), round to nearest, ties to even (:func:`round_bf16`,
    :func:`round_fp16`) — the error grows with |θ|, so it grows as the policy sharpens;
@@ -39,6 +46,7 @@ __all__ = [
     "round_bf16",
     "round_fp16",
     "round_logits",
+    "row_entropy",
 ]
 
 #: precisions the inference engine can be emulated in (None: float64, no rounding)
@@ -58,6 +66,12 @@ def log_softmax(logits) -> np.ndarray:
         raise ValueError(f"logits must have a non-empty last axis, got shape {x.shape}")
     shifted = x - x.max(axis=-1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def row_entropy(logits) -> np.ndarray:
+    """H(softmax(``logits``)) over the last axis, nats (shape of ``logits`` without it)."""
+    log_p = log_softmax(logits)
+    return -(np.exp(log_p) * log_p).sum(axis=-1)
 
 
 def round_bf16(x) -> np.ndarray:
@@ -109,6 +123,8 @@ class Mismatch:
     Parameters
     ----------
     logit_noise : σ ≥ 0 of the Gaussian noise added to every behaviour logit, per rollout.
+    relative_noise : ρ ≥ 0: noise ρ·|θ_b − row mean|·ε′ (grows with the logits' spread).
+    sharpness_noise : σ_s ≥ 0: noise σ_s·(1 − H_row/log V)·ε″ (grows as a row sharpens).
     precision : None, ``"bf16"`` or ``"fp16"``: the engine's logits are rounded to it.
     spike_prob : probability in [0, 1] that a row (t, p) gets a toxic-tail spike in a rollout.
     spike_strength : s ≥ 0: a spiked row's rarest tokens have μ multiplied by e^{−s}.
@@ -120,9 +136,17 @@ class Mismatch:
     spike_prob: float = 0.0
     spike_strength: float = 0.0
     spike_tokens: int = 1
+    relative_noise: float = 0.0
+    sharpness_noise: float = 0.0
 
     def __post_init__(self):
-        for name in ("logit_noise", "spike_prob", "spike_strength"):
+        for name in (
+            "logit_noise",
+            "spike_prob",
+            "spike_strength",
+            "relative_noise",
+            "sharpness_noise",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float | np.number):
                 raise ValueError(f"Mismatch.{name} must be a number, got {value!r}")
@@ -145,6 +169,8 @@ class Mismatch:
         """True when μ is exactly the behaviour-version policy (no mismatch at all)."""
         return (
             self.logit_noise == 0
+            and self.relative_noise == 0
+            and self.sharpness_noise == 0
             and self.precision is None
             and (self.spike_prob == 0 or self.spike_strength == 0)
         )
@@ -152,7 +178,12 @@ class Mismatch:
     @property
     def stochastic(self) -> bool:
         """True when building μ draws random numbers (noise or spikes)."""
-        return self.logit_noise > 0 or (self.spike_prob > 0 and self.spike_strength > 0)
+        return (
+            self.logit_noise > 0
+            or self.relative_noise > 0
+            or self.sharpness_noise > 0
+            or (self.spike_prob > 0 and self.spike_strength > 0)
+        )
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -166,6 +197,10 @@ class Mismatch:
             parts.append(self.precision)
         if self.logit_noise > 0:
             parts.append(f"noise {self.logit_noise:g}")
+        if self.relative_noise > 0:
+            parts.append(f"relative noise {self.relative_noise:g}")
+        if self.sharpness_noise > 0:
+            parts.append(f"sharpness noise {self.sharpness_noise:g}")
         if self.spike_prob > 0 and self.spike_strength > 0:
             tokens = f" k={self.spike_tokens}" if self.spike_tokens != 1 else ""
             parts.append(f"spikes p={self.spike_prob:g} s={self.spike_strength:g}{tokens}")
@@ -189,8 +224,15 @@ def behaviour_log_probs(
         raise ValueError(f"logits must have shape (T, P, V), got shape {theta.shape}")
     if mismatch.stochastic and not isinstance(rng, np.random.Generator):
         raise TypeError("a stochastic mismatch (noise or spikes) needs rng, a numpy Generator")
+    base = theta
     if mismatch.logit_noise > 0:
         theta = theta + mismatch.logit_noise * rng.standard_normal(theta.shape)
+    if mismatch.relative_noise > 0:
+        spread = np.abs(base - base.mean(axis=-1, keepdims=True))
+        theta = theta + mismatch.relative_noise * spread * rng.standard_normal(theta.shape)
+    if mismatch.sharpness_noise > 0 and theta.shape[-1] > 1:
+        scale = mismatch.sharpness_noise * (1.0 - row_entropy(base) / math.log(theta.shape[-1]))
+        theta = theta + scale[..., None] * rng.standard_normal(theta.shape)
     theta = round_logits(theta, mismatch.precision)
     log_mu = log_softmax(theta)
     if mismatch.spike_prob > 0 and mismatch.spike_strength > 0:

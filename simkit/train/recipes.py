@@ -22,6 +22,12 @@ naive      ``naive`` (c = 1)              token-mean              no correction 
 :func:`recipe` builds the :class:`~simkit.estimators.Estimator` (named after the recipe, e.g.
 ``"VESPO"``); :func:`recipe_entry` gives the equivalent ``[[estimators]]`` table of a training
 sweep config.
+
+**Composed recipes** (:data:`COMPOSED_RECIPES`, three policies: a mapping on π/π_old times a
+correction on π_old/μ, the composed estimators of issue 15): ``ppo_tis`` = verl's decoupled
+PPO (ε = 0.2) × token TIS (C = 2), seq-mean-token-mean. They need
+``Estimator(mapping, correction=…, mode=…)``; :func:`composed_available` says whether this
+build has it, and :func:`recipe` raises a clear error otherwise.
 """
 
 from __future__ import annotations
@@ -29,7 +35,15 @@ from __future__ import annotations
 from simkit import mappings
 from simkit.estimators import Estimator
 
-__all__ = ["RECIPES", "recipe", "recipe_entry", "recipe_label", "recipe_of"]
+__all__ = [
+    "COMPOSED_RECIPES",
+    "RECIPES",
+    "composed_available",
+    "recipe",
+    "recipe_entry",
+    "recipe_label",
+    "recipe_of",
+]
 
 #: recipe -> (display label, mapping, preset or None, aggregation)
 RECIPES: dict[str, tuple[str, str, str | None, str]] = {
@@ -44,17 +58,31 @@ RECIPES: dict[str, tuple[str, str, str | None, str]] = {
 }
 
 
+#: composed recipe -> (display label, mapping on π/π_old, correction on π_old/μ, mode, aggregation)
+COMPOSED_RECIPES: dict[str, tuple[str, str, str, str, str]] = {
+    "ppo_tis": ("dec. PPO + TIS", "ppo_clip", "tis_token", "decoupled", "seq-mean-token-mean"),
+}
+
+
+def composed_available() -> bool:
+    """True when :class:`~simkit.estimators.Estimator` takes a ``correction`` (issue 15)."""
+    return "correction" in getattr(Estimator, "__dataclass_fields__", {})
+
+
 def _check(name: str) -> tuple[str, str, str | None, str]:
     try:
         return RECIPES[name]
     except KeyError:
         raise KeyError(
-            f"unknown recipe {name!r}; available recipes: {', '.join(RECIPES)}"
+            f"unknown recipe {name!r}; available recipes: "
+            f"{', '.join([*RECIPES, *COMPOSED_RECIPES])}"
         ) from None
 
 
 def recipe_label(name: str) -> str:
     """The display label of a recipe (``"grpo"`` → ``"GRPO"``)."""
+    if name in COMPOSED_RECIPES:
+        return COMPOSED_RECIPES[name][0]
     return _check(name)[0]
 
 
@@ -66,6 +94,22 @@ def recipe(name: str, group_size: int = 8) -> Estimator:
     the registry's names, e.g. ``"ppo_clip [seq-mean-token-mean, grpo, G=8]"``;
     :func:`recipe_of` maps them back.)
     """
+    if name in COMPOSED_RECIPES:
+        label, mapping, correction, mode, aggregation = COMPOSED_RECIPES[name]
+        if not composed_available():
+            raise ValueError(
+                f"recipe {name!r} ({label}) needs composed estimators (Estimator(mapping, "
+                "correction=..., mode=...), issue 15), which this build does not have"
+            )
+        return Estimator(
+            mappings.get(mapping),
+            correction=correction,
+            mode=mode,
+            aggregation=aggregation,
+            advantage="grpo",
+            group_size=group_size,
+            name=label,
+        )
     label, mapping, preset, aggregation = _check(name)
     return Estimator(
         mappings.get(mapping, preset=preset),

@@ -1,0 +1,672 @@
+"""The schema of an experiment sweep: pydantic v2 models of its TOML tables.
+
+Every model is frozen and forbids unknown keys (``extra="forbid"``); types and ranges are
+declared on the fields, so pydantic checks them and :mod:`simkit.config.errors` turns its error
+into one message naming the key path, the bad value and the valid keys or names. What a type
+cannot say is checked by the models' validators, each raising a
+:class:`~simkit.config.errors.KeyPathError` below its model: names from the registries
+(mappings, shift families, presets), hyperparameters (each mapping is built with
+:func:`simkit.mappings.get`), batch sizes that do not split into groups, repeated values, and
+every environment (built at each length ``T``).
+
+Lists are stored as tuples and tables of parameters as sorted ``(name, value)`` pairs, so that
+a configuration is hashable and two dicts that differ only in key order are one configuration.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Annotated, Any, ClassVar, Literal
+
+import numpy as np
+import pydantic
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
+
+from simkit import estimators as _estimators
+from simkit import mappings, shifts
+from simkit.envs import Bandit, TokenMDP
+from simkit.envs.bandit import REWARD_KINDS
+from simkit.envs.behaviour import AGGREGATES, LEVELS, BehaviourSpec
+from simkit.estimator_specs import plain
+
+from .cells import experiment_cells
+from .errors import ConfigError, KeyPathError, config_error
+
+__all__ = [
+    "EXACT_CHOICES",
+    "GRID_MODES",
+    "TOKEN_MDP_CONSTRUCTORS",
+    "BanditConfig",
+    "BehaviourConfig",
+    "EnvironmentConfig",
+    "EstimatorConfig",
+    "Frozen",
+    "SweepConfig",
+    "TokenMDPConfig",
+    "distinct_estimators",
+    "one_or_more",
+]
+
+#: TokenMDP constructors a config can name
+TOKEN_MDP_CONSTRUCTORS = ("iid", "markov", "answer_correct", "at_least_k", "parity")
+#: values of ``exact`` (as in :func:`simkit.experiment.run`)
+EXACT_CHOICES = ("auto", True, False)
+#: values of ``grid_mode``
+GRID_MODES = ("product", "zip")
+
+
+class _Tables(type(BaseModel)):
+    """Direct construction (``TokenMDPConfig(V=1, ...)``) raises a :class:`ConfigError` naming
+    the key path, as loading a file does (nested tables are validated by pydantic itself and
+    do not pass through here)."""
+
+    def __call__(cls, *args, **kwargs):
+        try:
+            return super().__call__(*args, **kwargs)
+        except pydantic.ValidationError as exc:
+            raise config_error(exc, cls, cls.table) from None
+
+
+class Frozen(BaseModel, metaclass=_Tables):
+    """Base of every configuration table: frozen, unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    #: key path of this table in a config file (prefixes the errors of a direct construction)
+    table: ClassVar[str] = ""
+
+    @classmethod
+    def validated(cls, d: dict):
+        """``cls.model_validate(d)`` (numpy scalars made plain first), a pydantic error turned
+        into a :class:`~simkit.config.ConfigError` naming the key path."""
+        if not isinstance(d, dict):
+            raise ConfigError(f"config: expected a table (dict), got {type(d).__name__} {d!r}")
+        try:
+            return cls.model_validate(plain(d))
+        except pydantic.ValidationError as exc:
+            raise config_error(exc, cls) from None
+
+    def _set(self, name: str, value) -> None:
+        """Store a normalised value during validation (the model is frozen afterwards)."""
+        object.__setattr__(self, name, value)
+
+
+# --- field types --------------------------------------------------------------------------------
+
+
+def _message(exc: BaseException) -> str:
+    # KeyError's str() adds quotes around the message
+    return exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+
+
+def _as_list(value):
+    return list(value) if isinstance(value, list | tuple) else [value]
+
+
+def _distinct(values: tuple) -> tuple:
+    seen = set()
+    for i, v in enumerate(values):
+        if v in seen:
+            raise KeyPathError(f"[{i}]", f"repeated value {v!r}")
+        seen.add(v)
+    return values
+
+
+def _scalar_or_array(schema: dict) -> None:
+    """JSON Schema of a swept key: one value, or a non-empty array of them."""
+    array = {k: schema.pop(k) for k in ("type", "items", "minItems") if k in schema}
+    schema["anyOf"] = [array["items"], array]
+
+
+def one_or_more(item, distinct: bool = True):
+    """A swept key: a non-empty list of ``item`` (one value is a list of one); distinct."""
+    checks = [AfterValidator(_distinct)] if distinct else []
+    return Annotated[
+        tuple[item, ...],
+        BeforeValidator(_as_list),
+        Field(min_length=1, json_schema_extra=_scalar_or_array),
+        *checks,
+    ]
+
+
+NonNegInt = Annotated[StrictInt, Field(ge=0)]
+PosInt = Annotated[StrictInt, Field(ge=1)]
+Number = Annotated[StrictFloat, Field(allow_inf_nan=False)]
+NonNeg = Annotated[StrictFloat, Field(ge=0.0, allow_inf_nan=False)]
+ParamValue = StrictBool | StrictInt | StrictFloat | StrictStr
+
+
+def _pairs(value):
+    """A table as sorted ``(name, value)`` pairs (lists frozen to tuples)."""
+    return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
+
+
+def _freeze(value):
+    if isinstance(value, list | tuple):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def _from_pairs(value):
+    return dict(value) if isinstance(value, tuple) else value
+
+
+#: a table of scalar parameters ``{name = value}``, stored as sorted pairs
+Params = Annotated[dict[str, ParamValue], BeforeValidator(_from_pairs), AfterValidator(_pairs)]
+#: a hyperparameter grid ``{name = [values]}``, stored as sorted (name, values) pairs
+Grid = Annotated[
+    dict[str, Annotated[tuple[ParamValue, ...], Field(min_length=1)]],
+    BeforeValidator(_from_pairs),
+    AfterValidator(_pairs),
+]
+#: constructor arguments ``{name = value or list}``, stored as sorted pairs
+Kwargs = Annotated[dict[str, Any], BeforeValidator(_from_pairs), AfterValidator(_pairs)]
+
+
+def _like_default(defaults, pairs: tuple) -> tuple:
+    """Values as floats where the hyperparameter's default is a float and the value an int
+    (TOML ``c = 2`` and ``c = 2.0`` are one configuration, one key, one column dtype)."""
+
+    def cast(name, value):
+        default = getattr(defaults, name, None)
+        if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        return value
+
+    return tuple(
+        (k, tuple(cast(k, x) for x in v) if isinstance(v, tuple) else cast(k, v)) for k, v in pairs
+    )
+
+
+def _omit_none(d: dict) -> dict:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def _names(choices, what: str):
+    """A validator of a name from a registry (``choices()`` is read when validating)."""
+
+    def check(value: str) -> str:
+        valid = tuple(choices())
+        if value not in valid:
+            raise ValueError(f"unknown {what} {value!r}; valid: {', '.join(map(str, valid))}")
+        return value
+
+    return check
+
+
+def _enum(choices):
+    """JSON Schema ``enum`` of a registry, read when the schema is generated."""
+
+    def extra(schema: dict) -> None:
+        schema["enum"] = list(choices())
+
+    return extra
+
+
+# --- environments -------------------------------------------------------------------------------
+
+
+class BanditConfig(Frozen):
+    """A K-armed bandit (:class:`simkit.envs.Bandit`), T = 1.
+
+    ``logits`` and ``means`` are given (each a list of K numbers), or drawn from ``seed`` as in
+    the first-wave bandit figures (:mod:`simkit.figures.bandit_bias_variance`):
+    ``rng = default_rng(seed)``, logits = rng.normal(0, 1, K), then means = rng.uniform(0.05,
+    0.95, K) (a given array replaces its draw; the other is still drawn in that order).
+    ``reward``: ``"bernoulli"`` or ``"gaussian"`` (``reward_std`` > 0, Gaussian only).
+    """
+
+    table: ClassVar[str] = "environment"
+
+    kind: Literal["bandit"] = "bandit"
+    K: PosInt
+    logits: tuple[Number, ...] | None = None
+    means: tuple[Number, ...] | None = None
+    reward: Literal[REWARD_KINDS] = "bernoulli"
+    reward_std: NonNeg | None = None
+    seed: NonNegInt = 0
+
+    @model_validator(mode="after")
+    def _check(self):
+        for name in ("logits", "means"):
+            arr = getattr(self, name)
+            if arr is not None and len(arr) != self.K:
+                raise KeyPathError(f".{name}", f"expected K = {self.K} numbers, got {len(arr)}")
+        try:
+            self.build()
+        except (ValueError, TypeError) as exc:
+            raise KeyPathError("", str(exc)) from None
+        return self
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        return (1,)
+
+    def build(self, T: int = 1) -> Bandit:
+        """The bandit (``T`` must be 1)."""
+        if T != 1:
+            raise ValueError(f"a bandit has T = 1, got T = {T}")
+        from simkit._memory import check_bandit  # (issue 13 §5: before the (K,) draws)
+
+        check_bandit(self.K)
+        rng = np.random.default_rng(self.seed)
+        logits = rng.normal(0.0, 1.0, self.K)
+        means = rng.uniform(0.05, 0.95, self.K)
+        if self.logits is not None:
+            logits = np.array(self.logits)
+        if self.means is not None:
+            means = np.array(self.means)
+        return Bandit(logits=logits, means=means, reward=self.reward, reward_std=self.reward_std)
+
+    def spec(self, T: int = 1) -> dict:
+        """Plain dict describing the environment at length ``T`` (cell parameters)."""
+        return {**self.to_dict(), "T": 1}
+
+    def to_dict(self) -> dict:
+        return plain(_omit_none(dict(self)))
+
+
+class TokenMDPConfig(Frozen):
+    """A token MDP built by ``TokenMDP.<constructor>(V=V, T=T, eos=eos, seed=seed,
+    scale=scale, stationary=stationary, **kwargs)`` for every length of ``T`` (swept).
+
+    ``constructor``: one of :data:`TOKEN_MDP_CONSTRUCTORS`; ``kwargs``: the constructor's own
+    arguments (``answer``, ``target``, ``k``, ``hit``, ``marked``...) as a table.
+    """
+
+    table: ClassVar[str] = "environment"
+
+    kind: Literal["token_mdp"] = "token_mdp"
+    constructor: Literal[TOKEN_MDP_CONSTRUCTORS]
+    V: Annotated[StrictInt, Field(ge=2)]
+    T: one_or_more(PosInt)
+    eos: NonNegInt | None = None
+    seed: NonNegInt = 0
+    scale: NonNeg = 1.0
+    stationary: StrictBool = True
+    kwargs: Kwargs = ()
+
+    @model_validator(mode="after")
+    def _check(self):
+        reserved = sorted(
+            set(dict(self.kwargs)) & {"V", "T", "eos", "seed", "scale", "stationary", "logits"}
+        )
+        if reserved:
+            raise KeyPathError(
+                f".kwargs.{reserved[0]}",
+                f"{reserved[0]!r} is set at the environment level (or not configurable), not "
+                "in kwargs",
+            )
+        for T in self.T:
+            try:
+                self.build(T)
+            except (ValueError, TypeError) as exc:
+                raise KeyPathError(f" (T = {T})", str(exc)) from None
+        return self
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        return self.T
+
+    def build(self, T: int) -> TokenMDP:
+        """The token MDP of length ``T``."""
+        make = getattr(TokenMDP, self.constructor)
+        kwargs = {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.kwargs}
+        return make(
+            V=self.V,
+            T=int(T),
+            eos=self.eos,
+            seed=self.seed,
+            scale=self.scale,
+            stationary=self.stationary,
+            **kwargs,
+        )
+
+    def spec(self, T: int) -> dict:
+        return {**self.to_dict(), "T": int(T)}
+
+    def to_dict(self) -> dict:
+        d = _omit_none(dict(self))
+        d["kwargs"] = dict(self.kwargs)
+        if not d["kwargs"]:
+            del d["kwargs"]
+        return plain(d)
+
+
+EnvironmentConfig = Annotated[BanditConfig | TokenMDPConfig, Field(discriminator="kind")]
+
+
+# --- behaviour ----------------------------------------------------------------------------------
+
+
+class BehaviourConfig(Frozen):
+    """How μ is moved away from π, and the divergence ``targets`` to sweep.
+
+    ``family`` (a :mod:`simkit.shifts` name) with its hyperparameters ``family_params``;
+    ``divergence``: ``"chi2"``, ``"kl"`` or ``"tv"`` (D(π‖μ)); ``level``: ``"token"`` or
+    ``"sequence"`` (token MDP; on the bandit T = 1 and both coincide: μ =
+    ``shifts.dial(π, target, ...)``). Token MDP only: ``aggregate`` (``"each"``/``"average"``),
+    ``fraction`` and ``select_seed`` (a concentrated profile), as in
+    :class:`simkit.envs.BehaviourSpec`.
+    """
+
+    table: ClassVar[str] = "behaviour"
+
+    targets: one_or_more(NonNeg)
+    family: Annotated[
+        StrictStr,
+        AfterValidator(_names(shifts.available, "shift family")),
+        Field(json_schema_extra=_enum(shifts.available)),
+    ] = "temperature"
+    family_params: Params = ()
+    divergence: Literal[tuple(shifts.DIVERGENCES)] = "chi2"
+    level: Literal[LEVELS] = "token"
+    aggregate: Literal[AGGREGATES] | None = None
+    fraction: Annotated[StrictFloat, Field(gt=0.0, le=1.0)] | None = None
+    select_seed: NonNegInt = 0
+
+    @model_validator(mode="after")
+    def _check(self):
+        self._set("family_params", _like_default(shifts.get(self.family), self.family_params))
+        try:
+            shifts.get(self.family, **dict(self.family_params))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise KeyPathError(".family_params", _message(exc)) from None
+        try:  # the remaining cross-field checks of the token-MDP recipe
+            self.spec(self.targets[0])
+        except (ValueError, TypeError) as exc:
+            raise KeyPathError("", _message(exc)) from None
+        return self
+
+    def spec(self, target: float) -> BehaviourSpec:
+        """The :class:`~simkit.envs.BehaviourSpec` of one target (token MDP)."""
+        return BehaviourSpec(
+            target=target,
+            divergence=self.divergence,
+            level=self.level,
+            family=self.family,
+            aggregate=self.aggregate,
+            fraction=self.fraction,
+            select_seed=self.select_seed,
+            family_params=self.family_params,
+        )
+
+    def build(self, env, target: float) -> np.ndarray:
+        """μ for ``env`` at one target: :func:`simkit.shifts.dial` of the bandit's π, or the
+        :class:`~simkit.envs.BehaviourSpec` built on a token MDP (ValueError if unreachable)."""
+        if isinstance(env, Bandit):
+            return shifts.dial(
+                env.pi,
+                float(target),
+                divergence=self.divergence,
+                family=self.family,
+                **dict(self.family_params),
+            )
+        return self.spec(target).build(env)
+
+    def params(self, target: float) -> dict:
+        """Plain dict of the behaviour at one target (cell parameters)."""
+        d = self.to_dict()
+        del d["targets"]
+        d["target"] = float(target)
+        return d
+
+    def to_dict(self) -> dict:
+        d = _omit_none(dict(self))
+        d["family_params"] = dict(self.family_params)
+        if not d["family_params"]:
+            del d["family_params"]
+        return plain(d)
+
+
+# --- estimators ---------------------------------------------------------------------------------
+
+
+class EstimatorConfig(Frozen):
+    """A family of estimators: one mapping, crossed with a hyperparameter grid, aggregations
+    and advantages.
+
+    ``mapping`` (a :func:`simkit.mappings.available` name), ``preset`` (a named preset of the
+    mapping), ``params`` (fixed hyperparameters), ``grid`` ({hyperparameter: [values]}):
+    ``grid_mode = "product"`` takes the cartesian product of the lists (in the order of the
+    sorted hyperparameter names), ``"zip"`` pairs them element by element (lists of one length:
+    linked knobs such as PPO's ε_low = ε_high). Each hyperparameter setting is crossed with
+    ``aggregations`` × ``advantages``; ``group_size`` applies to the group advantages (grpo,
+    dr_grpo, rloo), ``adv_eps`` to grpo, ``max_length`` to seq-mean-token-sum-norm.
+    """
+
+    table: ClassVar[str] = "estimators[?]"
+
+    mapping: Annotated[
+        StrictStr,
+        AfterValidator(_names(mappings.available, "mapping")),
+        Field(json_schema_extra=_enum(mappings.available)),
+    ]
+    preset: StrictStr | None = None
+    params: Params = ()
+    grid: Grid = ()
+    grid_mode: Literal[GRID_MODES] = "product"
+    aggregations: one_or_more(Literal[_estimators.AGGREGATIONS]) = ("token-mean",)
+    advantages: one_or_more(Literal[_estimators.ADVANTAGES]) = ("oracle",)
+    group_size: Annotated[StrictInt, Field(ge=2)] | None = None
+    adv_eps: NonNeg = _estimators.DEFAULT_ADV_EPS
+    max_length: PosInt | None = None
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.preset is not None:
+            presets = tuple(mappings.mapping_class(self.mapping).presets) or ("(none)",)
+            if self.preset not in presets:
+                raise KeyPathError(
+                    ".preset", f"unknown preset {self.preset!r}; valid: {', '.join(presets)}"
+                )
+        defaults = mappings.get(self.mapping)
+        self._set("params", _like_default(defaults, self.params))
+        self._set("grid", _like_default(defaults, self.grid))
+        both = sorted(set(dict(self.params)) & set(dict(self.grid)))
+        if both:
+            raise KeyPathError(f".grid.{both[0]}", f"{both[0]!r} is both in params and in grid")
+        if self.grid_mode == "zip" and len({len(v) for _, v in self.grid}) > 1:
+            lengths = {k: len(v) for k, v in self.grid}
+            raise KeyPathError(".grid", f"grid_mode 'zip' needs lists of one length, got {lengths}")
+        group = _estimators.GROUP_ADVANTAGES
+        if self.group_size is not None and not set(self.advantages) & set(group):
+            raise KeyPathError(
+                ".group_size",
+                f"applies to the group advantages {group} only; advantages are "
+                f"{list(self.advantages)}",
+            )
+        self.build()  # every hyperparameter setting and estimator, with key-path errors
+        return self
+
+    def settings(self) -> list[dict]:
+        """The hyperparameter dicts of the grid (fixed ``params`` included), in grid order."""
+        names = [k for k, _ in self.grid]
+        lists = [v for _, v in self.grid]
+        combos = zip(*lists) if self.grid_mode == "zip" else itertools.product(*lists)
+        if not names:
+            combos = [()]
+        return [{**dict(self.params), **dict(zip(names, combo))} for combo in combos]
+
+    def build(self) -> list[_estimators.Estimator]:
+        """Every estimator of this entry: settings × aggregations × advantages (that order)."""
+        try:  # the fixed part first, so that its errors point at params / preset
+            mappings.get(self.mapping, preset=self.preset, **dict(self.params))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise KeyPathError(".params" if self.params else ".preset", _message(exc)) from None
+        out = []
+        grid_names = [k for k, _ in self.grid]
+        for hp in self.settings():
+            try:
+                mapping = mappings.get(self.mapping, preset=self.preset, **hp)
+            except (ValueError, TypeError, KeyError) as exc:
+                where = ", ".join(f"{k}={hp[k]!r}" for k in grid_names)
+                raise KeyPathError(f".grid ({where})", _message(exc)) from None
+            for aggregation in self.aggregations:
+                for advantage in self.advantages:
+                    out.append(self._estimator(mapping, aggregation, advantage))
+        return out
+
+    def _estimator(self, mapping, aggregation: str, advantage: str) -> _estimators.Estimator:
+        group = advantage in _estimators.GROUP_ADVANTAGES
+        if group and self.group_size is None:
+            raise KeyPathError(".group_size", f"advantage {advantage!r} needs a group_size G >= 2")
+        try:
+            return _estimators.Estimator(
+                mapping,
+                aggregation=aggregation,
+                advantage=advantage,
+                group_size=self.group_size if group else None,
+                adv_eps=self.adv_eps,
+                max_length=self.max_length if aggregation == "seq-mean-token-sum-norm" else None,
+            )
+        except (ValueError, TypeError) as exc:
+            raise KeyPathError("", _message(exc)) from None
+
+    def to_dict(self) -> dict:
+        d = _omit_none(dict(self))
+        d["params"] = dict(self.params)
+        d["grid"] = {k: list(v) for k, v in self.grid}
+        for key in ("params", "grid"):
+            if not d[key]:
+                del d[key]
+        if d["grid_mode"] == "product":
+            del d["grid_mode"]
+        if d["adv_eps"] == _estimators.DEFAULT_ADV_EPS:
+            del d["adv_eps"]
+        return plain(d)
+
+
+def distinct_estimators(configs) -> list[tuple[int, _estimators.Estimator]]:
+    """Every (index of its config entry, estimator) expanded from ``configs``; an estimator name
+    produced twice is an error naming both entries."""
+    names: dict[str, int] = {}
+    out = []
+    for i, e in enumerate(configs):
+        for est in e.build():
+            if est.name in names:
+                raise KeyPathError(
+                    f"estimators[{i}]",
+                    f"estimator {est.name!r} is already produced by "
+                    f"estimators[{names[est.name]}]; every expanded estimator must be distinct",
+                )
+            names[est.name] = i
+            out.append((i, est))
+    return out
+
+
+# --- the sweep ----------------------------------------------------------------------------------
+
+
+class SweepConfig(Frozen):
+    """A whole sweep: environment × behaviour targets × (T) × n, with the estimators.
+
+    ``name`` (a label), ``seed`` (≥ 0; the root of every cell's random stream), ``n`` (batch
+    sizes, swept), ``reps`` (≥ 2), ``exact`` (``"auto"``, true, false), ``level`` (confidence
+    level of the Monte Carlo bounds) and ``n_boot`` (bootstrap resamples) as in
+    :func:`simkit.experiment.run`. Build it from a dict with :meth:`from_dict` or from a TOML
+    file with :func:`simkit.config.load_config`; :meth:`to_dict` gives the canonical dict back
+    (round trip). Validation checks each field; :meth:`validate` adds the checks that need the
+    built environments (divergence targets reachable, exact paths).
+    """
+
+    kind: Literal["experiment"] = Field("experiment", description="the kind of sweep")
+    name: Annotated[StrictStr, Field(min_length=1)]
+    environment: EnvironmentConfig
+    behaviour: BehaviourConfig
+    estimators: Annotated[tuple[EstimatorConfig, ...], Field(min_length=1)]
+    n: one_or_more(PosInt)
+    seed: NonNegInt = 0
+    reps: Annotated[StrictInt, Field(ge=2)] = 1000
+    exact: Literal[EXACT_CHOICES] = "auto"
+    level: Annotated[StrictFloat, Field(gt=0.0, lt=1.0)] = 0.95
+    n_boot: Annotated[StrictInt, Field(ge=10)] = 1000
+
+    @model_validator(mode="after")
+    def _check(self):
+        if isinstance(self.environment, BanditConfig):
+            for key in ("aggregate", "fraction"):
+                if getattr(self.behaviour, key) is not None:
+                    raise KeyPathError(
+                        f"behaviour.{key}", "applies to a token MDP environment only"
+                    )
+        for i, est in distinct_estimators(self.estimators):
+            for n in self.n:
+                try:
+                    est.check_batch_size(n)
+                except ValueError as exc:
+                    raise KeyPathError(f"estimators[{i}].group_size", str(exc)) from None
+        return self
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        """Build (and check) a configuration from a plain dict, e.g. parsed TOML.
+
+        A dict with ``kind = "train"`` is a training sweep: the result is then a
+        :class:`simkit.train.config.TrainSweepConfig` (:func:`simkit.config.config_from_dict`);
+        ``kind = "experiment"`` (the default) is this class.
+        """
+        from .tomlio import config_from_dict
+
+        return config_from_dict(d)
+
+    def to_dict(self) -> dict:
+        """The canonical plain dict (``from_dict(to_dict(c)) == c``; TOML-writable)."""
+        return {
+            "name": self.name,
+            "seed": self.seed,
+            "n": list(self.n),
+            "reps": self.reps,
+            "exact": self.exact,
+            "level": self.level,
+            "n_boot": self.n_boot,
+            "environment": self.environment.to_dict(),
+            "behaviour": self.behaviour.to_dict(),
+            "estimators": [e.to_dict() for e in self.estimators],
+        }
+
+    def validate(self) -> SweepConfig:
+        """Every check that needs the built environments, before any work starts.
+
+        For each length T: the environment is built, μ is dialed at every target (an
+        unreachable target raises with the largest reachable value), ``exact = true`` is checked
+        against each estimator's exact path. Returns ``self``; raises :class:`ConfigError`.
+        """
+        from simkit import experiment
+
+        ests = [e for ec in self.estimators for e in ec.build()]
+        lengths = self.environment.lengths
+        for T in lengths:
+            env = self.environment.build(T)
+            for target in self.behaviour.targets:
+                try:
+                    self.behaviour.build(env, target)
+                except ValueError as exc:
+                    at = f"behaviour.targets (T = {T})" if len(lengths) > 1 else "behaviour.targets"
+                    raise ConfigError(f"{at}: {exc}") from None
+            if self.exact is True:
+                bad = [e.name for e in ests if not experiment.has_exact_path(env, e)]
+                if bad:
+                    raise ConfigError(
+                        f"exact: exact = true but these estimators have no exact path at T = {T}: "
+                        f'{", ".join(bad)} (use exact = "auto")'
+                    )
+        return self
+
+    def cells(self):
+        """The cells of this sweep (:func:`simkit.config.expand`)."""
+        return experiment_cells(self)
+
+    def toml_tables(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The keys written as ``[table]`` and as ``[[array of tables]]`` in TOML."""
+        return ("environment", "behaviour"), ("estimators",)

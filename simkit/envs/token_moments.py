@@ -1,0 +1,378 @@
+"""Exact mean **and second moment** of per-sample estimators on a token MDP, by DP at any T.
+
+One sample y ~ μ contributes (untied parameters θ[t, p, :], one block per position)
+
+    h = a · A · Σ_t c_t ∇θ log π(y_t | t, s_t),     A = R − b,  a = 1/Z (deterministic),
+
+and an n-sample estimator with a deterministic per-sample Z is ĝ = (1/n) Σ_i h_i, so
+E ĝ = E h and Var ĝ = (E‖h‖² − ‖E h‖²)/n. Because the blocks of different positions are
+disjoint and position t holds one token, the squared norm has no cross terms:
+
+    ‖h‖² = a² A² Σ_t c_t² N_t(s_t, y_t),
+    N_t(s, v) = ‖e_v − π_t(·|s)‖² = 1 − 2π_t(v|s) + Σ_u π_t(u|s)²
+
+(the softmax score). Two families of coefficients have a dynamic programme:
+
+- **token level**, c_t = φ(r_t, sign A) (:func:`token_level_moments`): expectations are under μ,
+  with the forward occupancy d^μ_t(s) and backward values of the terminal functions
+  A^k·1{±A ≥ 0} (k = 0, 1, 2; the sign split is exact because A is a function of the final state):
+
+      E h block (t, p)  = a Σ_{s∈p} Σ_v d_t(s) μ_t(v|s) [φ₊ Q¹⁺ + φ₋ Q¹⁻](s, v) (e_v − π_t(·|s))
+      E‖h‖²            = a² Σ_t Σ_{s,v} d_t(s) μ_t(v|s) N_t(s, v) [φ₊² Q²⁺ + φ₋² Q²⁻](s, v)
+
+  with Q^{k±}_t(s, v) = E_μ[A^k 1{±} | prefix in s at t, y_t = v].
+- **product form**, c_t = φ(W) = Π_u κ_u for every t with κ = r^α (:func:`sequence_moments`:
+  sequence IS, α = 1, and ``power``, α ∈ [0, 1]): the coefficient is a product over positions,
+  so μ·c and μ·c² are again products of per-token kernels K¹ = μ·r^α (= π for IS) and
+  K² = μ·r^{2α} (= π²/μ for IS, the *W²-weighted* kernel). Forward F^{(j)} and backward
+  values with kernel K^j replace d^μ and the μ-values:
+
+      E h block (t, p) = a Σ_{s∈p} Σ_v F¹_t(s) K¹_t(s, v) Q¹_t(s, v) (e_v − π_t(·|s)),  terminal A
+      E‖h‖²           = a² Σ_t Σ_{s,v} F²_t(s) K²_t(s, v) N_t(s, v) Q²_t(s, v),         terminal A²
+
+  (E_μ[W²·f] = Σ_y π(y)²/μ(y)·f(y) grows like (1 + χ²)^T: every forward and backward vector is
+  rescaled at each step and the scales are kept as logarithms, so T = 4096 neither overflows
+  nor underflows unless the moment itself exceeds the float range, where it is inf.)
+
+The ESS columns need E Σ_t |c_t|, E Σ_t c_t² (the same sweeps with terminals 1{±}) and E|y|.
+Tokens with μ = 0 are never drawn (their kernels are 0). ``phi`` is the exact formula: the
+``max_log_ratio`` clamp of ``Mapping.coefficients`` (log W ≤ 80) is not applied — on the
+enumeration path it only matters for sequences with W > e^80.
+
+Cost: O(T·S·V) per sweep, a few sweeps (no T·S·V array is stored beyond π and μ themselves).
+Checked against enumeration to 1e-10 in ``tests/test_token_moments.py``; timed at S = V = 64,
+T = 4096 in ``benchmarks/bench_token_dp.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+#: aggregations with a deterministic per-sample Z: 1/Z per token for one sample
+DP_AGGREGATIONS = ("seq-mean-token-sum", "token-mean", "seq-mean-token-sum-norm")
+#: sequence-level mappings whose coefficient is a product of per-token factors
+PRODUCT_MAPPINGS = ("is_seq", "power")
+
+
+@dataclass(frozen=True)
+class TokenMoments:
+    """Exact moments of one sample's term h (module docstring).
+
+    ``mean`` (D,) E h; ``second`` E‖h‖² (may be inf); ``abs_sum`` E Σ_t |c_t|; ``sq_sum``
+    E Σ_t c_t²; ``mean_length`` E|y| (all under μ).
+    """
+
+    mean: np.ndarray
+    second: float
+    abs_sum: float
+    sq_sum: float
+    mean_length: float
+
+    def variance(self, n: int) -> float:
+        """Var ĝ of the n-sample mean: (E‖h‖² − ‖E h‖²)/n (clipped at 0)."""
+        return max(self.second - float(self.mean @ self.mean), 0.0) / n
+
+    def ess(self, n: int) -> float:
+        """n·(E Σ|c|)² / (E Σ c² · E|y|): the exact path's ESS (0 when every c is 0)."""
+        denom = self.sq_sum * self.mean_length
+        return n * self.abs_sum**2 / denom if denom > 0 else 0.0
+
+
+def dp_applies(env, mapping, aggregation: str) -> str:
+    """'' if :func:`moments` applies to ``mapping`` × ``aggregation`` on ``env``, else why not."""
+    from simkit.envs.token_mdp import TokenMDP
+    from simkit.mappings.base import ScalarMapping
+
+    if not isinstance(env, TokenMDP):
+        return "the moment DP is for token MDPs"
+    if aggregation not in DP_AGGREGATIONS:
+        return f"aggregation {aggregation!r} has a random per-sample Z"
+    if aggregation == "token-mean" and not env.fixed_length:
+        return "aggregation 'token-mean' has a random Z when lengths vary (eos)"
+    if mapping.batch_dependent or not isinstance(mapping, ScalarMapping):
+        return f"mapping {mapping.name!r} has no per-token or product-form coefficient"
+    if mapping.level == "token" and mapping.ratio_kind == "token":
+        return ""
+    if mapping.name in PRODUCT_MAPPINGS:
+        return ""
+    return f"mapping {mapping.name!r} has no per-token or product-form coefficient"
+
+
+def moments(env, mu, mapping, baseline: float, aggregation="seq-mean-token-sum", max_length=None):
+    """:class:`TokenMoments` of ``mapping`` (token level or product form) by DP, exact."""
+    why = dp_applies(env, mapping, aggregation)
+    if why:
+        raise ValueError(f"no moment DP: {why}")
+    mu = env.check_policy(mu)
+    b = float(baseline)
+    if not math.isfinite(b):
+        raise ValueError(f"baseline must be finite, got {baseline}")
+    if max_length is not None and aggregation != "seq-mean-token-sum-norm":
+        raise ValueError("max_length applies to aggregation 'seq-mean-token-sum-norm' only")
+    if aggregation == "token-mean":
+        inv_z = 1.0 / env.T
+    elif aggregation == "seq-mean-token-sum-norm":
+        inv_z = 1.0 / (env.T if max_length is None else int(max_length))
+    else:
+        inv_z = 1.0
+    if mapping.level == "token":
+        return token_level_moments(env, mu, mapping, b, inv_z)
+    return sequence_moments(env, mu, mapping, b, inv_z)
+
+
+# --- the sweeps -----------------------------------------------------------------------------
+
+
+def _forward(env, kernel_of_t):
+    """Forward weights F_t(s) of a kernel K_t(s, v) ≥ 0, rescaled: ``(F (T, S), log_F (T,))``.
+
+    F_0 = e_{s0}, F_{t+1}[s'] = Σ_{s, v ≠ eos: trans[s, v] = s'} F_t(s) K_t(s, v); each row is
+    stored divided by its maximum, the true row being F_t·exp(log_F[t]) (log_F = −inf once every
+    sequence has ended).
+    """
+    S, T = env.S, env.T
+    trans = env.transition.ravel()
+    a = np.zeros(S)
+    a[env.initial_state] = 1.0
+    F = np.zeros((T, S))
+    log_F = np.full(T, -np.inf)
+    log_scale = 0.0
+    for t in range(T):
+        F[t] = a
+        log_F[t] = log_scale
+        if t == T - 1:
+            break
+        flow = kernel_of_t(t) * a[:, None]
+        if env.eos is not None:
+            flow[:, env.eos] = 0.0
+        a = np.bincount(trans, weights=flow.ravel(), minlength=S)
+        top = a.max()
+        if not top > 0:  # every sequence has ended: later positions carry no mass
+            break
+        a /= top
+        log_scale += math.log(top)
+    return F, log_F
+
+
+class _Backward:
+    """Backward values of m terminal functions (m, S) under per-terminal kernels, rescaled.
+
+    Q_t(s, v) = term[trans[s, v]] if v = eos or t = T − 1, else V_{t+1}[trans[s, v]], and
+    V_t(s) = Σ_v K_t(s, v) Q_t(s, v); :meth:`step` takes V_t (already formed by the caller from
+    its kernels) and rescales it. ``Q`` (m, S, V) and ``log_q`` (m,) hold position t, the true Q
+    being Q·exp(log_q).
+    """
+
+    def __init__(self, env, terminals):
+        self.env = env
+        self.trans = env.transition.ravel()
+        self.shape = (-1, env.S, env.V)
+        self.term = np.asarray(terminals, dtype=np.float64)
+        self.nxt = self.term
+        self.log_nxt = np.zeros(self.term.shape[0])
+        self.first = True
+
+    def at(self, t: int):
+        env = self.env
+        Q = self.nxt.take(self.trans, axis=1).reshape(self.shape)  # nxt[:, trans], faster
+        log_q = self.log_nxt
+        if env.eos is not None and not self.first:
+            with np.errstate(over="ignore"):
+                ended = self.term[:, env.transition[:, env.eos]]
+                Q[:, :, env.eos] = ended * np.exp(-log_q)[:, None]
+        self.first = False
+        return Q, log_q
+
+    def step(self, value: np.ndarray, log_q: np.ndarray) -> None:
+        top = np.abs(value).max(axis=1)
+        ok = top > 0
+        safe = np.where(ok, top, 1.0)
+        self.nxt = value / safe[:, None]
+        self.log_nxt = log_q + np.log(safe)
+
+
+def _store_block(env, mean: np.ndarray, t: int, lam: np.ndarray, pi_t: np.ndarray) -> None:
+    """mean[t] = Σ_{s,v} lam(s, v)(e_v − π_t(·|s)) summed into policy classes (P, V)."""
+    block = lam - pi_t * lam.sum(axis=1, keepdims=True)
+    mean[t] = block if env._identity_classes else env._class_sum(block)
+
+
+def _ratio(p: np.ndarray, m: np.ndarray, fill: float) -> np.ndarray:
+    """p/m where m > 0, ``fill`` where m = 0 (tokens μ never emits)."""
+    if m.all():
+        return p / m
+    ok = m > 0
+    return np.where(ok, p / np.where(ok, m, 1.0), fill)
+
+
+#: positions whose per-token tables (ratios, coefficients, kernels) are formed at once
+_BLOCK = 64
+
+
+def _position_blocks(env, T: int):
+    """(t0, t1) blocks of :data:`_BLOCK` positions, last block first (for backward sweeps)."""
+    for t1 in range(T, 0, -_BLOCK):
+        yield max(0, t1 - _BLOCK), t1
+
+
+def _rows(env, policy: np.ndarray, t0: int, t1: int) -> np.ndarray:
+    """(t1 − t0, S, V): policy rows of every automaton state at positions t0..t1 − 1."""
+    blk = policy[t0:t1]
+    return blk if env._identity_classes else blk[:, env.policy_index]
+
+
+def token_level_moments(env, mu, mapping, b: float, inv_z: float = 1.0) -> TokenMoments:
+    """Moments of c_t = φ(r_t, sign A) (module docstring, token level). ``mu`` validated."""
+    adv = env.reward - b
+    pos = adv >= 0
+    # terminals: A·1{±}, A²·1{±}, 1{±}
+    terminals = np.stack(
+        [
+            np.where(pos, adv, 0.0),
+            np.where(pos, 0.0, adv),
+            np.where(pos, adv**2, 0.0),
+            np.where(pos, 0.0, adv**2),
+            pos.astype(np.float64),
+            (~pos).astype(np.float64),
+        ]
+    )
+    d = env.occupancy(mu)  # d_t(s) ≤ 1: no rescaling needed
+    back = _Backward(env, terminals)
+    mean = np.zeros(env.logits.shape)
+    second = abs_sum = sq_sum = 0.0
+    for t0, t1 in _position_blocks(env, env.T):
+        P, M = _rows(env, env.pi, t0, t1), _rows(env, mu, t0, t1)
+        R = _ratio(P, M, 1.0)
+        c_pos, c_neg = mapping.phi(R, True), mapping.phi(R, False)
+        if not M.all():
+            c_pos, c_neg = np.where(M > 0, c_pos, 0.0), np.where(M > 0, c_neg, 0.0)
+        # per position: (6, S, V) = c₊, c₋, c₊², c₋², |c₊|, |c₋|, the powers of c each row needs
+        coef = np.stack([c_pos, c_neg, c_pos**2, c_neg**2, np.abs(c_pos), np.abs(c_neg)], axis=1)
+        NM = M * ((1.0 + np.einsum("bsv,bsv->bs", P, P))[..., None] - 2.0 * P)  # μ·N
+        for t in range(t1 - 1, t0 - 1, -1):
+            i = t - t0
+            Q, log_q = back.at(t)
+            back.step(np.einsum("sv,msv->ms", M[i], Q), log_q)
+            if not d[t].any():
+                continue
+            scale = np.exp(log_q)[:, None, None]
+            X = coef[i] * Q  # c^k·Q per terminal, (6, S, V)
+            X *= scale
+            w = d[t][:, None] * M[i]  # d_t(s) μ_t(v|s)
+            _store_block(env, mean, t, w * (X[0] + X[1]), P[i])
+            second += float(d[t] @ np.einsum("sv,msv->s", NM[i], X[2:4]))
+            abs_sum += float(np.einsum("sv,msv->", w, X[4:6]))
+            sq_sum += float(np.einsum("sv,msv->", w, coef[i, 2:4] * Q[4:6] * scale[4:6]))
+    return TokenMoments(
+        mean=inv_z * mean.ravel(),
+        second=inv_z**2 * float(second),
+        abs_sum=abs_sum,
+        sq_sum=sq_sum,
+        mean_length=float(d.sum()),
+    )
+
+
+def _product_kernels(env, mu, alpha: float, t0: int, t1: int):
+    """(π rows, K¹ = μ·r^α, K² = μ·r^{2α}) at positions t0..t1 − 1, each (b, S, V)."""
+    P, M = _rows(env, env.pi, t0, t1), _rows(env, mu, t0, t1)
+    R = _ratio(P, M, 0.0)
+    if alpha == 1.0:
+        k1 = P if M.all() else np.where(M > 0, P, 0.0)
+        return P, k1, k1 * R
+    ra = np.power(R, alpha)
+    k1 = M * ra
+    return P, k1, k1 * ra
+
+
+def _product_forward(env, mu, alpha: float):
+    """Forward weights of K¹ and K² (:func:`_forward`), kernels formed a block at a time."""
+    cache = {}
+
+    def kernel(j):
+        def k(t):
+            t0 = (t // _BLOCK) * _BLOCK
+            if cache.get("t0") != t0:
+                cache["t0"] = t0
+                cache["k"] = _product_kernels(env, mu, alpha, t0, min(t0 + _BLOCK, env.T))
+            return cache["k"][j][t - t0].copy()
+
+        return k
+
+    F1 = _forward(env, kernel(1))
+    cache.clear()
+    F2 = _forward(env, kernel(2))
+    return F1, F2
+
+
+def sequence_moments(env, mu, mapping, b: float, inv_z: float = 1.0) -> TokenMoments:
+    """Moments of c = W^α on every token (sequence IS: α = 1; ``power``) by W-weighted sweeps.
+
+    Kernels K¹ = μ·r^α (π for sequence IS) and K² = μ·r^{2α} (π²/μ), both 0 where μ = 0.
+    """
+    alpha = 1.0 if mapping.name == "is_seq" else float(mapping.alpha)
+    (F1, log_F1), (F2, log_F2) = _product_forward(env, mu, alpha)
+    adv = env.reward - b
+    ones = np.ones_like(adv)
+    back = _Backward(env, np.stack([adv, ones, adv**2, ones]))
+    mean = np.zeros(env.logits.shape)
+    second = abs_sum = sq_sum = 0.0
+    value = np.empty((4, env.S))
+    with np.errstate(over="ignore", invalid="ignore"):
+        for t0, t1 in _position_blocks(env, env.T):
+            P, K1, K2 = _product_kernels(env, mu, alpha, t0, t1)
+            # Σ_v K² N Q = (1 + Σπ²)·Σ_v K² Q − 2 Σ_v K²·π·Q  (N = 1 + Σπ² − 2π)
+            sp1 = 1.0 + np.einsum("bsv,bsv->bs", P, P)
+            K2P = K2 * P
+            for t in range(t1 - 1, t0 - 1, -1):
+                i = t - t0
+                Q, log_q = back.at(t)
+                value[:2] = np.einsum("sv,msv->ms", K1[i], Q[:2])
+                value[2:] = np.einsum("sv,msv->ms", K2[i], Q[2:])
+                kpq = np.einsum("sv,sv->s", K2P[i], Q[2])
+                if np.isfinite(log_F1[t]):
+                    s1 = np.exp(log_F1[t] + log_q[:2])
+                    lam = (F1[t] * s1[0])[:, None] * K1[i] * Q[0]
+                    _store_block(env, mean, t, lam, P[i])
+                    abs_sum += float(F1[t] @ value[1]) * s1[1]
+                if np.isfinite(log_F2[t]):
+                    s2 = np.exp(log_F2[t] + log_q[2:])
+                    second += float(F2[t] @ (sp1[i] * value[2] - 2.0 * kpq)) * s2[0]
+                    sq_sum += float(F2[t] @ value[3]) * s2[1]
+                back.step(value, log_q)
+    return TokenMoments(
+        mean=inv_z * mean.ravel(),
+        second=inv_z**2 * second,
+        abs_sum=abs_sum,
+        sq_sum=sq_sum,
+        mean_length=_mean_length(env, mu),
+    )
+
+
+def _mean_length(env, mu) -> float:
+    """E_μ|y| = Σ_t P_μ(running at t)."""
+    return float(env.occupancy(mu).sum())
+
+
+def weight_moment(env, mu, q: float, log: bool = False) -> float:
+    """E_μ[W^q] of the sequence weight W = π(y)/μ(y), exact by a product-form forward sweep.
+
+    Kernel μ·r^q (0 where μ = 0: those tokens are never drawn), rescaled at every step
+    (:meth:`TokenMDP._forward` with ``normalise``). q = 2 gives 1 + χ²_seq. With ``log`` the
+    logarithm is returned (E W⁴ overflows long before its logarithm does).
+    """
+    mu = env.check_policy(mu)
+    step = env._step_probs
+
+    def kernel(t):
+        p, m = step(env.pi, t), step(mu, t)
+        r = _ratio(p, m, 0.0)
+        return np.where(m > 0, m * np.power(r, q), 0.0)
+
+    _, final, log_scale = env._forward(kernel, normalise=True)
+    total = float(final.sum())
+    if log:
+        return math.log(total) + log_scale if total > 0 else -math.inf
+    return total * math.exp(log_scale)

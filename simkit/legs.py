@@ -1,0 +1,77 @@
+"""The two legs of a three-policy experiment: staleness π‖π_old and inference mismatch π_old‖μ.
+
+``simkit.experiment.run(..., old=π_old)`` draws its batches from μ as always; a composed
+estimator (:mod:`simkit.composition`) also needs, per drawn token (and per atom of the exact
+path), o_t = log π_old(y_t|s_t) − log μ(y_t|s_t). :func:`old_log_ratio` computes it for the
+bandit and the token MDP from the actions (and automaton states) the batch already holds;
+:func:`leg_divergences` gives the χ²/KL columns of both legs. ``old`` has the shape of the
+behaviour (K,) or (T, P, V). Default ``old = None`` means π_old = π and nothing here is used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+#: columns added to the experiment table when ``old`` is given (π‖π_old: ``_stale``,
+#: π_old‖μ: ``_infer``)
+LEG_COLUMNS = tuple(
+    f"{d}_{level}_{leg}"
+    for leg in ("stale", "infer")
+    for level in ("tok", "seq")
+    for d in ("chi2", "kl")
+)
+
+
+def check_old(env, old) -> np.ndarray:
+    """Validate π_old (the shape and normalisation of a behaviour policy of ``env``)."""
+    return env.check_policy(old, "old")
+
+
+def _log(p: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        return np.log(p)
+
+
+def old_log_ratio(env, old, mu, actions, mask, states=None) -> np.ndarray:
+    """o = log π_old − log μ per token, shape of ``mask`` (L..., n, T), 0 on padding.
+
+    Bandit (T = 1): ``actions`` (L..., n) arm indices. Token MDP: ``actions``, ``states``
+    (L..., n, T) as its batches and supports carry them. −inf where π_old gives a drawn token
+    probability 0 (the correction's ratio is then 0).
+    """
+    m = np.asarray(mask, dtype=bool)
+    if states is None:  # bandit
+        diff = _log(old) - _log(mu)
+        return np.where(m, diff[np.asarray(actions)][..., None], 0.0)
+    lp_old = env._token_log_prob(old, actions, m, states)
+    lp_mu = env._token_log_prob(mu, actions, m, states)
+    with np.errstate(invalid="ignore"):
+        return np.where(m, lp_old - lp_mu, 0.0)
+
+
+def _with_target(env, policy):
+    """``env`` whose target is ``policy`` (for divergences from it); None if it has zeros."""
+    if not np.all(policy > 0):
+        return None
+    logits = np.log(policy)
+    if hasattr(env, "with_logits"):
+        return env.with_logits(logits)
+    return dataclasses.replace(env, logits=logits)
+
+
+def leg_divergences(env, old, mu) -> dict[str, float]:
+    """χ² and KL (token and sequence level) of π from π_old (``*_stale``) and of π_old from μ
+    (``*_infer``), the environment's exact formulas; NaN for the second leg when π_old has a
+    zero (it cannot be made a target)."""
+    out = {}
+    stale = env.divergences(old)
+    target = _with_target(env, old)
+    infer = target.divergences(mu) if target is not None else {}
+    for leg, values in (("stale", stale), ("infer", infer)):
+        for level in ("tok", "seq"):
+            for d in ("chi2", "kl"):
+                out[f"{d}_{level}_{leg}"] = float(values.get(f"{d}_{level}", math.nan))
+    return out

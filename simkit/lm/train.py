@@ -1,0 +1,297 @@
+"""RL training of a real causal LM with the rollout schedule of :mod:`simkit.train`.
+
+The simulator's loop (:func:`simkit.train.train`) on a ``transformers`` causal LM (the tiny
+Llama of :func:`simkit.lm.models.tiny_llama`, or any causal LM) and a verifiable token task
+(:class:`simkit.lm.tasks.TokenTask`: R = 1 iff the target token occurs in the response). One
+**rollout**:
+
+1. μ's network is the trainer's θ ``lag`` rollouts ago (a copy, asynchronous RL), served
+   through an emulated inference engine: its logits rounded to bfloat16 (``precision``) and
+   divided by ``temperature`` before the softmax (none of this by default: μ = π_b);
+2. ``batch`` = N·``minibatch_size`` responses of ``response_length`` tokens are sampled from
+   μ (:func:`simkit.lm.models.sample_responses`, one seeded ``torch.Generator``), groups of
+   ``group_size`` responses per prompt, prompts round-robin over the task's training prompts;
+   log μ of every token is recomputed by a full forward pass of μ's network
+   (:func:`simkit.lm.models.sequence_log_probs`, with the engine's logit map);
+3. rewards and GRPO advantages (:func:`simkit.estimators.advantages`) are computed once;
+4. N optimizer steps (Adam, ``torch.optim.Adam``), one per mini-batch in order, each on the loss
+   :func:`simkit.lm.losses.policy_loss` of the mapping with log π (current θ, differentiable)
+   against log μ — the same estimators as the simulator.
+
+With N = 1, no lag and no engine transform, μ's log-probabilities are computed by the same
+function on the same weights as π's: every log-ratio is exactly 0, every mapping with
+``on_policy_identity`` has c = 1, and the first update equals REINFORCE's (to float rounding
+of the loss scaling).
+
+**J** is estimated every ``eval_every`` steps (and at the first and last) on held-out prompts
+(the task's prompts drawn with ``eval_seed``): ``eval_samples`` responses from π (no engine
+transform) with a generator seeded by (seed, step); ``J`` is their mean reward and ``J_se``
+its standard error (sd/√n, ddof = 1).
+
+**Reproducibility and resume**: all randomness comes from ``seed`` (the rollout generator
+``torch.Generator().manual_seed(seed)``; evaluation generators from (seed, step)); with
+``out_dir`` a checkpoint (weights, optimizer state, lagged versions, generator state, the
+table so far) is written atomically after every rollout, and the same call resumes from it,
+giving the table of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import os
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from simkit import estimators
+from simkit.lm import losses, models
+from simkit.lm.tasks import TokenTask
+
+__all__ = ["COLUMNS", "LMTrainConfig", "train_lm"]
+
+#: columns of the table (one row per optimizer step)
+COLUMNS = {
+    "step": "optimizer step s; the row describes π_s before update s",
+    "rollout": "rollout index s // N",
+    "minibatch": "mini-batch j = s % N",
+    "staleness": "updates between μ's weights and π_s",
+    "loss": "the policy loss of the mini-batch",
+    "grad_norm": "‖∇θ loss‖ over every trained parameter",
+    "max_abs_log_ratio": "largest |log π_s − log μ| over the mini-batch's tokens",
+    "reward_mean": "mean reward of the mini-batch",
+    "recorded": "True where J was estimated",
+    "J": "held-out J(π_s) estimate (mean reward of eval_samples responses from π_s)",
+    "J_se": "standard error of J (sd/√n)",
+}
+_CHECKPOINT = "checkpoint.pt"
+
+
+@dataclass(frozen=True)
+class LMTrainConfig:
+    """Hyperparameters of an LM training run (module docstring).
+
+    ``mapping`` (a name of :func:`simkit.lm.losses.available`) with ``hyperparams`` (pairs),
+    ``aggregation``, GRPO ``group_size``; schedule ``steps``, ``minibatches`` (N),
+    ``minibatch_size`` (responses per update, a multiple of ``group_size``), ``lag``; Adam
+    ``lr``; ``response_length``; inference engine ``precision`` (None or ``"bf16"``) and
+    ``temperature``; task ``target`` token, ``n_prompts``, ``prompt_length``, ``task_seed``,
+    ``eval_seed``; evaluation ``eval_every``, ``eval_samples``.
+    """
+
+    mapping: str = "naive"
+    hyperparams: tuple = ()
+    aggregation: str = "token-mean"
+    group_size: int = 4
+    steps: int = 8
+    minibatches: int = 1
+    minibatch_size: int = 8
+    lag: int = 0
+    lr: float = 1e-2
+    response_length: int = 6
+    precision: str | None = None
+    temperature: float = 1.0
+    target: int = 1
+    n_prompts: int = 4
+    prompt_length: int = 3
+    task_seed: int = 0
+    eval_seed: int = 1
+    eval_every: int = 4
+    eval_samples: int = 32
+
+    def __post_init__(self):
+        for name, low in (
+            ("group_size", 2),
+            ("steps", 1),
+            ("minibatches", 1),
+            ("minibatch_size", 1),
+            ("lag", 0),
+            ("response_length", 1),
+            ("n_prompts", 1),
+            ("prompt_length", 1),
+            ("eval_every", 1),
+            ("eval_samples", 2),
+        ):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"LMTrainConfig.{name} must be an integer >= {low}, got {v!r}")
+        if self.minibatch_size % self.group_size:
+            raise ValueError(
+                f"LMTrainConfig.minibatch_size = {self.minibatch_size} must be a multiple of "
+                f"group_size = {self.group_size}"
+            )
+        if self.mapping not in losses.available():
+            raise ValueError(
+                f"LMTrainConfig.mapping must be one of {', '.join(losses.available())}, "
+                f"got {self.mapping!r}"
+            )
+        if self.precision not in (None, "bf16"):
+            raise ValueError(
+                f"LMTrainConfig.precision must be None or 'bf16', got {self.precision!r}"
+            )
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ValueError(f"LMTrainConfig.temperature must be > 0, got {self.temperature!r}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"LMTrainConfig.lr must be > 0, got {self.lr!r}")
+
+    @property
+    def batch(self) -> int:
+        return self.minibatches * self.minibatch_size
+
+
+def _engine(cfg: LMTrainConfig):
+    """μ's logit map (None: plain softmax, exactly π's computation)."""
+    if cfg.precision is None and cfg.temperature == 1.0:
+        return None
+
+    def processor(z):
+        if cfg.precision == "bf16":
+            z = z.to(torch.bfloat16).to(z.dtype)
+        return torch.log_softmax(z / cfg.temperature, dim=-1)
+
+    return processor
+
+
+def _atomic_save(obj, path: Path) -> None:
+    tmp = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex[:12]}")
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def _log_probs(model, ids, attn, resp, processor=None):
+    return models.sequence_log_probs(model, ids, attn, resp, logits_processor=processor)
+
+
+def _evaluate(model, task: TokenTask, cfg: LMTrainConfig, seed: int, step: int):
+    prompts = torch.tensor(task.prompt_ids(), dtype=torch.long)
+    idx = np.arange(cfg.eval_samples) % len(prompts)
+    gen = torch.Generator().manual_seed(
+        int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
+    )
+    roll = models.sample_responses(model, prompts[idx], cfg.response_length, gen)
+    r = task.rewards(idx, roll.response_ids, roll.response_mask[:, roll.prompt_length :])
+    return float(r.mean()), float(r.std(ddof=1) / math.sqrt(len(r)))
+
+
+def train_lm(model, config: LMTrainConfig, seed: int = 0, *, out_dir=None, stop_after=None):
+    """Train ``model`` (a transformers causal LM, modified in place) with ``config``; return
+    the per-step table (:data:`COLUMNS`). ``out_dir``: checkpoint after every rollout and
+    resume from it; ``stop_after``: stop after this many steps (rounded up to a rollout)."""
+    if not isinstance(config, LMTrainConfig):
+        raise TypeError(f"config must be an LMTrainConfig, got {type(config).__name__}")
+    vocab = model.config.vocab_size
+    if not 0 <= config.target < vocab:
+        raise ValueError(
+            f"LMTrainConfig.target must be a token in [0, {vocab}), got {config.target}"
+        )
+    train_task = TokenTask(
+        vocab, config.target, config.n_prompts, config.prompt_length, seed=config.task_seed
+    )
+    eval_task = TokenTask(
+        vocab, config.target, config.n_prompts, config.prompt_length, seed=config.eval_seed
+    )
+    prompts = torch.tensor(train_task.prompt_ids(), dtype=torch.long)
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+    gen = torch.Generator().manual_seed(seed)
+    versions: list[dict] = []
+    rows: list[dict] = []
+    step = 0
+    out = None if out_dir is None else Path(out_dir)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        ck = out / _CHECKPOINT
+        if ck.exists():
+            state = torch.load(ck, weights_only=False)
+            if state["config"] != asdict(config) or state["seed"] != seed:
+                raise ValueError(f"{out} holds another LM training run (other config or seed)")
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["opt"])
+            versions, rows, step = state["versions"], state["rows"], state["step"]
+            gen.set_state(state["gen"])
+    end = config.steps if stop_after is None else min(config.steps, int(stop_after))
+    mu_net = copy.deepcopy(model)
+    processor = _engine(config)
+    N, m, G = config.minibatches, config.minibatch_size, config.group_size
+    hp = dict(config.hyperparams)
+    while step < end:
+        r = step // N
+        versions.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        del versions[: max(len(versions) - (config.lag + 1), 0)]
+        mu_net.load_state_dict(versions[0])
+        behind = len(versions) - 1
+        groups = config.batch // G
+        pidx = (np.arange(config.batch) // G + r * groups) % len(prompts)
+        roll = models.sample_responses(
+            mu_net, prompts[pidx], config.response_length, gen, logits_processor=processor
+        )
+        ids, attn, resp = roll.input_ids, roll.attention_mask, roll.response_mask
+        with torch.no_grad():
+            log_mu = _log_probs(mu_net, ids, attn, resp, processor)
+        rewards = train_task.rewards(pidx, roll.response_ids, resp[:, roll.prompt_length :])
+        adv = estimators.advantages(rewards, "grpo", group_size=G)
+        adv_t = torch.tensor(adv, dtype=log_mu.dtype)
+        for j in range(N):
+            if step >= config.steps:
+                break
+            rows_j = slice(j * m, (j + 1) * m)
+            record = step % config.eval_every == 0 or step == config.steps - 1
+            J, J_se = _evaluate(model, eval_task, config, seed, step) if record else (math.nan,) * 2
+            log_pi = _log_probs(model, ids[rows_j], attn[rows_j], resp[rows_j])
+            loss, _ = losses.policy_loss(
+                config.mapping,
+                log_pi,
+                log_mu[rows_j],
+                adv_t[rows_j],
+                resp[rows_j],
+                agg=config.aggregation,
+                compute_metrics=False,
+                **hp,
+            )
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            gnorm = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
+            opt.step()
+            with torch.no_grad():
+                lr_tok = (log_pi.detach() - log_mu[rows_j]).masked_fill(~resp[rows_j], 0.0)
+            rows.append(
+                dict(
+                    step=step,
+                    rollout=r,
+                    minibatch=j,
+                    staleness=behind * N + j,
+                    loss=float(loss.detach()),
+                    grad_norm=gnorm,
+                    max_abs_log_ratio=float(lr_tok.abs().max()),
+                    reward_mean=float(rewards[rows_j].mean()),
+                    recorded=record,
+                    J=J,
+                    J_se=J_se,
+                )
+            )
+            step += 1
+        if out is not None:
+            _atomic_save(
+                dict(
+                    config=asdict(config),
+                    seed=seed,
+                    model=model.state_dict(),
+                    opt=opt.state_dict(),
+                    versions=versions,
+                    rows=rows,
+                    step=step,
+                    gen=gen.get_state(),
+                ),
+                out / _CHECKPOINT,
+            )
+    return pd.DataFrame(rows, columns=list(COLUMNS))

@@ -1,0 +1,276 @@
+"""Sentences that state a measured result follow the data (issue 12 §5).
+
+Each figure of sci-figs builds its verdict sentences (notes, title verdicts) from its data. For
+each one: the sentence on the real (small) data says what the data shows, and the same builder
+fed *perturbed* data — data that no longer supports the sentence — says something else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from simkit import mappings
+from simkit.figures import (
+    _claims,
+    bandit_bias_variance,
+    bias_variance_frontier,
+    ess_khat_vs_T,
+    length_trap,
+    same_kl_different_chi2,
+    vespo_bound,
+)
+
+# --- shared helpers -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "unbounded"),
+    [
+        ("naive", False),
+        ("is_token", True),
+        ("is_seq", True),
+        ("power", True),
+        ("ppo_clip", True),  # A < 0 branch: c = r for r > 1 − ε
+        ("dual_clip", False),
+        ("tis_seq", False),
+        ("mis_seq", False),
+        ("vespo", False),
+        ("geo_mask", False),
+    ],
+)
+def test_coefficient_unbounded(name, unbounded):
+    assert _claims.coefficient_unbounded(mappings.get(name)) is unbounded
+
+
+def test_growth_verdicts():
+    import pandas as pd
+
+    frame = pd.DataFrame(
+        {
+            "mapping": ["a", "a", "b", "b", "c", "c", "d", "d"],
+            "x": [1, 2] * 4,
+            "v": [1.0, 3.0, 1.0, 1.5, 1.0, 0.2, 0.0, 1.0],
+        }
+    )
+    table = _claims.growth(frame, "v", "x")
+    assert table.verdict.to_dict() == {"a": "grows", "b": "flat", "c": "falls", "d": "undefined"}
+    with pytest.raises(ValueError, match="factor"):
+        _claims.growth(frame, "v", "x", factor=1.0)
+
+
+def test_every_family_has_a_panel():
+    from simkit.figures import style
+
+    families = {s.family for s in style.MAPPING_STYLES.values()} - {"reference"}
+    drawn = {f for fams in _claims.PANELS.values() for f in fams}
+    assert families <= drawn
+    assert _claims.panel_of("naive") is None  # a reference, drawn in every panel
+
+
+# --- length_trap --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trap():
+    return length_trap.compute(length_trap.config(small=True))
+
+
+def _with_kept(data, mask, measure, T, value):
+    k = data.kept.copy()
+    sel = (k["mask"] == mask) & (k.measure == measure) & (k["T"] == T)
+    assert sel.any()
+    k.loc[sel, "fraction"] = value
+    return dataclasses.replace(data, kept=k)
+
+
+def test_length_trap_one_sided_note_follows_the_markov_floor(trap):
+    note = length_trap.one_sided_note(trap)
+    assert "never below the Markov floor" in note
+    mu = trap.kept[
+        (trap.kept["mask"] == "mis_seq_one_sided")
+        & (trap.kept.measure == "mu_samples")
+        & (trap.kept.method == "exact")
+    ].set_index("T")
+    for T in trap.config.report_lengths:  # the quoted numbers are the data's
+        assert f"{mu.fraction[T]:.3f}" in note
+    bad = _with_kept(trap, "mis_seq_one_sided", "mu_samples", 256, 0.5)
+    changed = length_trap.one_sided_note(bad)
+    assert "BELOW the Markov floor" in changed and "never below" not in changed
+
+
+def test_length_trap_pi_mass_trend_follows_the_data(trap):
+    assert "falls" in length_trap.one_sided_note(trap)
+    lengths = trap.config.report_lengths
+    bumped = _with_kept(trap, "mis_seq_one_sided", "pi_mass", lengths[-1], 0.99)
+    assert "not monotone" in length_trap.one_sided_note(bumped)
+
+
+def test_length_trap_two_sided_note_names_the_rejecting_bound(trap):
+    assert "through its lower bound" in length_trap.two_sided_note(trap)
+    rej = trap.rejected.copy()
+    sel = (rej["mask"] == "mis_seq_two_sided") & (rej.measure == "mu_samples")
+    low = rej.loc[sel & (rej.side == "low"), "fraction"].to_numpy()
+    high = rej.loc[sel & (rej.side == "high"), "fraction"].to_numpy()
+    rej.loc[sel & (rej.side == "low"), "fraction"] = high
+    rej.loc[sel & (rej.side == "high"), "fraction"] = low
+    swapped = dataclasses.replace(trap, rejected=rej)
+    assert "through its upper bound" in length_trap.two_sided_note(swapped)
+
+
+def test_length_trap_geo_note_follows_the_data(trap):
+    assert "all but" in length_trap.geo_note(trap)
+    low = _with_kept(trap, "geo_mask", "pi_mass", 64, 0.42)
+    assert "at least 0.420" in length_trap.geo_note(low)
+
+
+# --- same_kl_different_chi2 ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def same_kl():
+    return same_kl_different_chi2.compute(same_kl_different_chi2.config(small=True))
+
+
+def test_same_kl_verdict_on_the_data(same_kl):
+    v = same_kl_different_chi2.verdict(same_kl)
+    assert "is_seq" in v["grows"] and "vespo" not in v["grows"]
+    assert not v["grows_bounded"]
+    assert same_kl_different_chi2.headline(same_kl).startswith("at fixed KL, only unbounded")
+    assert "every one of them has an unbounded coefficient" in same_kl.attrs["notes"][1]
+
+
+def test_same_kl_verdict_changes_when_a_bounded_coefficient_grows(same_kl):
+    data = same_kl.copy()
+    sel = (data.mapping == "vespo") & (data.target_chi2 == data.target_chi2.max())
+    data.loc[sel, "variance"] *= 100
+    v = same_kl_different_chi2.verdict(data)
+    assert v["grows_bounded"] == ["vespo"]
+    assert "including vespo, whose coefficient is bounded" in same_kl_different_chi2.notes(data)[1]
+    assert "bounded coefficients included" in same_kl_different_chi2.headline(data)
+
+
+def test_same_kl_verdict_changes_when_nothing_grows(same_kl):
+    data = same_kl.copy()
+    first = data.groupby("mapping").variance.transform(
+        lambda v: v.iloc[np.argmin(data.loc[v.index, "target_chi2"].to_numpy())]
+    )
+    data["variance"] = first  # every curve flat
+    assert same_kl_different_chi2.verdict(data)["grows"] == []
+    assert "no estimator" in same_kl_different_chi2.headline(data)
+
+
+# --- bandit_bias_variance -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bandit():
+    return bandit_bias_variance.compute(bandit_bias_variance.config(small=True))
+
+
+def test_bandit_gspo_clip_note_follows_the_data(bandit):
+    gspo = bandit[bandit.mapping == "gspo"]
+    assert (gspo.outside_clip_range > 0.9).all()  # paper's ε on a one-token bandit
+    note = next(n for n in bandit.attrs["notes"] if n.startswith("GSPO"))
+    assert "clipped almost always" in note
+    data = bandit.copy()
+    data.loc[data.mapping == "gspo", "outside_clip_range"] = 0.2
+    changed = next(n for n in bandit_bias_variance.notes(data) if n.startswith("GSPO"))
+    assert "clipped rarely" in changed and "20.0%" in changed
+
+
+def test_bandit_zero_fraction_is_exact():
+    """P_μ(c = 0) of mis_seq equals the μ-mass of the arms outside its band (both signs)."""
+    env = bandit_bias_variance.make_bandit(8, 0)
+    from simkit import shifts
+
+    mu = shifts.dial(env.pi, 3.0, divergence="chi2", family="logit_noise")
+    est = bandit_bias_variance.estimators(["mis_seq", "gspo"])
+    zero, outside = bandit_bias_variance.zero_fractions(env, mu, est)
+    m = est[0].mapping
+    r = env.pi / mu
+    assert zero["mis_seq"] == pytest.approx(float(mu @ ((r < m.c_low) | (r > m.c_high))), abs=1e-14)
+    g = est[1].mapping
+    assert outside["gspo"] == pytest.approx(
+        float(mu @ ((r < 1 - g.eps_low) | (r > 1 + g.eps_high))), abs=1e-14
+    )
+    assert np.isnan(outside["mis_seq"])
+
+
+def test_bandit_unbiased_note_follows_the_data(bandit):
+    note = next(n for n in bandit.attrs["notes"] if n.startswith("Exactly unbiased"))
+    assert "is_seq" in note.split(";")[0]
+    data = bandit.copy()
+    sel = (data.mapping == "is_seq") & (data.chi2_tok == data.chi2_tok.max())
+    data.loc[sel, "bias"] = 0.05
+    changed = next(n for n in bandit_bias_variance.notes(data) if n.startswith("Exactly unbiased"))
+    assert "is_seq" not in changed.split(";")[0]
+    assert "is_seq (χ²" in changed
+
+
+# --- vespo_bound, ess_khat_vs_T, bias_variance_frontier ------------------------------------------
+
+
+def test_vespo_note_attributes_the_fall_to_z_only_when_z_falls():
+    data = vespo_bound.compute(vespo_bound.config(small=True))
+    assert all("mainly because φ(W) → 0" in n for n in data.attrs["notes"][1:])
+    flat_z = data.copy()
+    flat_z["Z"] = 0.9
+    assert all("mostly at fixed Z" in n for n in vespo_bound.notes(flat_z)[1:])
+
+
+def test_ess_khat_note_follows_the_data():
+    data = ess_khat_vs_T.compute(ess_khat_vs_T.config(small=True))
+    note = data.attrs["notes"][1]
+    big = data[data.chi2_tok == data.chi2_tok.max()].sort_values("T")
+    first = int(big[big.khat > 0.5]["T"].min())
+    assert f"χ² = {big.chi2_tok.iloc[0]:g}: mean k̂ first exceeds 0.5 at T = {first}" in note
+    low = data.copy()
+    low["khat"] = 0.1
+    assert ess_khat_vs_T.notes(low)[1].count("stays ≤ 0.5") == data.chi2_tok.nunique()
+    assert "infinite variance" not in " ".join(data.attrs["notes"])
+
+
+def test_frontier_notes_follow_the_data():
+    data = bias_variance_frontier.compute(bias_variance_frontier.config(small=True))
+    joins = data.attrs["notes"][1]
+    assert "vespo" not in joins.split(";")[0]
+    moved = data.copy()
+    vespo = moved.index[moved.mapping == "vespo"]
+    order = moved.loc[vespo].sort_values("value").index
+    for row, end in ((order[0], "naive"), (order[-1], "is_seq")):
+        ref = moved[moved.mapping == end].iloc[0]
+        moved.loc[row, ["bias2", "variance"]] = [ref.bias2, ref.variance]
+    assert "vespo" in bias_variance_frontier.notes(moved)[1].split(";")[0]
+    # lowest MSE: inside vs at an end
+    best = moved.copy()
+    best.loc[order[-1], "mse"] = 0.0
+    assert (
+        "vespo at λ scale = 2 (MSE 0, an end of the sweep)" in bias_variance_frontier.notes(best)[2]
+    )
+
+
+def test_bandit_unreliable_rows_are_hollow_and_noted(bandit):
+    """Where Monte Carlo rows carry ``reliable`` = False, the notes say so and the draw marks
+    them hollow (``_common.mark_unreliable``)."""
+    from simkit.figures import _common, style
+
+    data = bandit.copy()
+    data["reliable"] = np.where(data.exact, None, False)
+    notes = bandit_bias_variance.notes(data)
+    mc_rows = int((~data.exact.astype(bool)).sum())
+    assert any(n.startswith(f"{mc_rows} Monte Carlo rows") for n in notes)
+    data.attrs["notes"] = notes
+    with style.context():
+        fig = bandit_bias_variance.draw(data)
+    hollow = [
+        line
+        for ax in fig.axes
+        for line in ax.get_lines()
+        if line.get_linestyle() == "None" and line.get_markerfacecolor() == "white"
+    ]
+    assert hollow
+    assert not any(n.startswith("Monte Carlo rows") for n in bandit.attrs["notes"])
+    assert any(_common.UNRELIABLE_NOTE in n for n in notes)
