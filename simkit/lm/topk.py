@@ -11,7 +11,6 @@ tree values of :func:`simkit.lm.exact.exact_study` on the same LM.
 
 from __future__ import annotations
 
-import math
 import warnings
 from contextlib import contextmanager
 
@@ -21,9 +20,13 @@ from simkit.lm import study as _study
 from simkit.lm._checks import integer_at_least
 from simkit.lm.exact import _head_edge_scores, _support_log_probs
 
+#: logits outside the top k are set this far below the largest logit (exp(−1e4) = 0 exactly)
+_GAP = 1e4
+
 
 class TopK(torch.nn.Module):
-    """π_k as a module: the wrapped causal LM with every logit outside its top k set to −inf.
+    """π_k as a module: the wrapped causal LM with every logit outside its top k set to
+    (max logit − 1e4), so that their probability is exactly 0 in float32 and float64.
 
     Shares the wrapped model's ``model`` (decoder) and ``lm_head`` submodules, so parameter
     names are unchanged (``model.norm.weight``, ``lm_head.weight``) and any
@@ -70,7 +73,10 @@ class TopK(torch.nn.Module):
         top = torch.topk(logits.detach().float(), self.k, dim=-1).indices
         keep = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
         keep = keep.scatter(-1, top, True)
-        logits = logits.masked_fill(~keep, -math.inf)
+        # far below every kept logit rather than −inf: exp underflows to exactly 0 (π_k is
+        # unchanged) while log-probabilities stay finite (no −inf − (−inf) on padding)
+        floor = logits.detach().amax(-1, keepdim=True) - _GAP
+        logits = torch.where(keep, logits, floor.expand_as(logits))
         past = models._output_cache(out)
         try:
             return CausalLMOutputWithPast(logits=logits, cache=past)
