@@ -538,7 +538,7 @@ def draw(data: Data):
         + ", ".join(f"{v:.0%}" for v in cov.bias)
         + "; variance "
         + ", ".join(f"{v:.0%}" for v in cov.variance),
-        fontsize=8,
+        fontsize=7,
     )
     # (b–d) twins vs exact
     for ax, key in zip(axes[1:], METRICS, strict=True):
@@ -574,7 +574,7 @@ def draw(data: Data):
             + ", ".join(f"{r:.2f}" for r in new)
             + "\nχ²-profile twin ρ = "
             + ", ".join(f"{r:.2f}" for r in old),
-            fontsize=8,
+            fontsize=7,
         )
     for letter, ax in zip("abcd", axes, strict=True):
         _common.panel_label(ax, letter)
@@ -605,5 +605,8 @@ def draw(data: Data):
         f"(a) hollow: the MC interval misses the exact value. Values below {FLOOR:g} drawn at "
         f"{FLOOR:g}. Grey: χ²-profile twin.",
     ]
-    fig.text(0.0, -0.01, "\n".join(notes), fontsize=6, ha="left", va="top")
+    import textwrap
+
+    wrapped = [textwrap.fill(line, width=190, subsequent_indent="    ") for line in notes]
+    fig.text(0.0, -0.01, "\n".join(wrapped), fontsize=6, ha="left", va="top")
     return fig
