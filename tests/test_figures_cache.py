@@ -190,6 +190,24 @@ def test_progress_lines_when_not_a_terminal(tmp_path, monkeypatch):
     assert "\r" not in text  # no bar redraws in a log
 
 
+def test_periodic_progress_while_one_figure_computes_in_process(tmp_path, monkeypatch):
+    import io
+
+    module = figures.figure_module("vespo_bound")
+    original = module.compute
+
+    def slow(cfg):
+        time.sleep(2.5)
+        return original(cfg)
+
+    monkeypatch.setattr(module, "compute", slow)
+    monkeypatch.setenv("SIMKIT_PROGRESS_SECONDS", "0")
+    stream = io.StringIO()
+    figures.build(["vespo_bound"], tmp_path, small=True, jobs=1, cache_dir=tmp_path, stream=stream)
+    assert "figures: 0/1 done" in stream.getvalue()
+    assert "running: vespo_bound" in stream.getvalue()
+
+
 def test_progress_bars_on_a_terminal(tmp_path):
     import io
 

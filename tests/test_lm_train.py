@@ -88,8 +88,22 @@ def test_resume_gives_the_uninterrupted_run(tmp_path):
         (dict(minibatch_size=6, group_size=4), "multiple of group_size"),
         (dict(precision="fp8"), "precision"),
         (dict(temperature=0.0), "temperature"),
+        (dict(correction="nope"), "correction must be None or one of"),
+        (dict(mode="hybrid"), "mode must be"),
     ],
 )
 def test_config_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         LMTrainConfig(**kwargs)
+
+
+def test_decoupled_ppo_tis_first_update_is_reinforce_and_it_differs_under_lag():
+    cfg = dict(steps=1, minibatch_size=16, lr=0.05, response_length=3, eval_samples=4)
+    ref = model()
+    train_lm(ref, LMTrainConfig(mapping="naive", **cfg), seed=3)
+    m = model()
+    train_lm(m, LMTrainConfig(mapping="ppo_clip", correction="tis_token", **cfg), seed=3)
+    torch.testing.assert_close(params(m), params(ref), rtol=0, atol=1e-6)
+    a = train_lm(model(), small(correction="tis_token"), seed=1)
+    b = train_lm(model(), small(), seed=1)
+    assert not a["loss"].equals(b["loss"])  # the correction acts on π_old/μ

@@ -127,3 +127,23 @@ def test_experiment_run_is_exact_at_T_64_by_dp():
     assert not tied.exact.iloc[0]  # the DP's variance is for untied parameters only
     with pytest.raises(ValueError, match="untied"):
         experiment.run(env, mu, ests[:1], n=4, reps=5, exact=True, params="tied")
+
+
+@pytest.mark.parametrize("distinct", [3, 9])
+@pytest.mark.parametrize("name", ["ppo_clip", "is_token", "is_seq"])
+def test_dp_with_general_rewards(name, distinct):
+    """Rewards with 3 (indicator rows) and 9 (sign-split rows) distinct advantage values."""
+    # at_least_k with k + 1 automaton states, each its own reward value (9: S = 9)
+    k = 4 if distinct == 3 else 8
+    base = TokenMDP.at_least_k(3, k + 1, k=k, hit=0, seed=4, stationary=False)
+    reward = np.array([0.0, 1.0, 1.0, 3.0, 3.0]) if distinct == 3 else np.linspace(-1, 2, 9)
+    env = TokenMDP(base.logits, base.transition, base.policy_index, reward)
+    assert np.unique(reward).size == distinct
+    mu = _behaviour(env, 13)
+    est = Estimator(mappings.get(name), aggregation="seq-mean-token-sum")
+    b = env.J(mu)
+    dp = moments(env, mu, est.mapping, b)
+    ref = experiment.exact_moments(env, mu, est, 3)
+    np.testing.assert_allclose(dp.mean, ref.mean, rtol=0, atol=TOL)
+    assert dp.variance(3) == pytest.approx(ref.variance, rel=TOL, abs=TOL)
+    assert dp.ess(3) == pytest.approx(ref.ess, rel=1e-9)

@@ -194,6 +194,16 @@ class _Backward:
         self.log_nxt = log_q + np.log(safe)
 
 
+def _store_blocks(env, mean, t0: int, t1: int, lam: np.ndarray, pi_b: np.ndarray) -> None:
+    """mean[t0:t1] from lam (b, S, V) of a block of positions (see :func:`_store_block`)."""
+    block = lam - pi_b * lam.sum(axis=-1, keepdims=True)
+    if env._identity_classes:
+        mean[t0:t1] = block
+    else:
+        for i in range(t1 - t0):
+            mean[t0 + i] = env._class_sum(block[i])
+
+
 def _store_block(env, mean: np.ndarray, t: int, lam: np.ndarray, pi_t: np.ndarray) -> None:
     """mean[t] = Σ_{s,v} lam(s, v)(e_v − π_t(·|s)) summed into policy classes (P, V)."""
     block = lam - pi_t * lam.sum(axis=1, keepdims=True)
@@ -224,12 +234,22 @@ def _rows(env, policy: np.ndarray, t0: int, t1: int) -> np.ndarray:
     return blk if env._identity_classes else blk[:, env.policy_index]
 
 
-def token_level_moments(env, mu, mapping, b: float, inv_z: float = 1.0) -> TokenMoments:
-    """Moments of c_t = φ(r_t, sign A) (module docstring, token level). ``mu`` validated."""
-    adv = env.reward - b
+def _terminal_rows(adv: np.ndarray):
+    """Terminal functions of the token-level sweep and how to combine them.
+
+    With u distinct advantage values a_j (u ≤ 6; binary rewards: u = 2) the rows are the
+    indicators 1{A = a_j} and every needed function is a combination: A^k·1{±} =
+    Σ_{j: sign a_j = ±} a_j^k 1{A = a_j}. Otherwise the six rows A·1{±}, A²·1{±}, 1{±}.
+    Returns ``(rows (m, S), spec)``; ``spec`` lists per row (sign ≥ 0, weight of A, weight of A²,
+    weight of 1) — for the six-row form one weight per row is 1, the others 0.
+    """
     pos = adv >= 0
-    # terminals: A·1{±}, A²·1{±}, 1{±}
-    terminals = np.stack(
+    values = np.unique(adv)
+    if values.size <= 6:
+        rows = np.stack([(adv == a).astype(np.float64) for a in values])
+        spec = [(a >= 0, a, a * a, 1.0) for a in values]
+        return rows, spec
+    rows = np.stack(
         [
             np.where(pos, adv, 0.0),
             np.where(pos, 0.0, adv),
@@ -239,8 +259,23 @@ def token_level_moments(env, mu, mapping, b: float, inv_z: float = 1.0) -> Token
             (~pos).astype(np.float64),
         ]
     )
+    spec = [
+        (True, 1.0, 0.0, 0.0),
+        (False, 1.0, 0.0, 0.0),
+        (True, 0.0, 1.0, 0.0),
+        (False, 0.0, 1.0, 0.0),
+        (True, 0.0, 0.0, 1.0),
+        (False, 0.0, 0.0, 1.0),
+    ]
+    return rows, spec
+
+
+def token_level_moments(env, mu, mapping, b: float, inv_z: float = 1.0) -> TokenMoments:
+    """Moments of c_t = φ(r_t, sign A) (module docstring, token level). ``mu`` validated."""
+    rows, spec = _terminal_rows(env.reward - b)
+    m = rows.shape[0]
     d = env.occupancy(mu)  # d_t(s) ≤ 1: no rescaling needed
-    back = _Backward(env, terminals)
+    back = _Backward(env, rows)
     mean = np.zeros(env.logits.shape)
     second = abs_sum = sq_sum = 0.0
     for t0, t1 in _position_blocks(env, env.T):
@@ -249,23 +284,31 @@ def token_level_moments(env, mu, mapping, b: float, inv_z: float = 1.0) -> Token
         c_pos, c_neg = mapping.phi(R, True), mapping.phi(R, False)
         if not M.all():
             c_pos, c_neg = np.where(M > 0, c_pos, 0.0), np.where(M > 0, c_neg, 0.0)
-        # per position: (6, S, V) = c₊, c₋, c₊², c₋², |c₊|, |c₋|, the powers of c each row needs
-        coef = np.stack([c_pos, c_neg, c_pos**2, c_neg**2, np.abs(c_pos), np.abs(c_neg)], axis=1)
-        NM = M * ((1.0 + np.einsum("bsv,bsv->bs", P, P))[..., None] - 2.0 * P)  # μ·N
+        # sequential part: the backward values (Q of every position of the block is kept)
+        Qb = np.empty((t1 - t0, m, env.S, env.V))
+        log_qb = np.empty((t1 - t0, m))
         for t in range(t1 - 1, t0 - 1, -1):
-            i = t - t0
             Q, log_q = back.at(t)
-            back.step(np.einsum("sv,msv->ms", M[i], Q), log_q)
-            if not d[t].any():
-                continue
-            scale = np.exp(log_q)[:, None, None]
-            X = coef[i] * Q  # c^k·Q per terminal, (6, S, V)
-            X *= scale
-            w = d[t][:, None] * M[i]  # d_t(s) μ_t(v|s)
-            _store_block(env, mean, t, w * (X[0] + X[1]), P[i])
-            second += float(d[t] @ np.einsum("sv,msv->s", NM[i], X[2:4]))
-            abs_sum += float(np.einsum("sv,msv->", w, X[4:6]))
-            sq_sum += float(np.einsum("sv,msv->", w, coef[i, 2:4] * Q[4:6] * scale[4:6]))
+            Qb[t - t0], log_qb[t - t0] = Q, log_q
+            back.step(np.einsum("sv,msv->ms", M[t - t0], Q), log_q)
+        # vectorised over the block, one terminal row at a time
+        d_b = d[t0:t1][..., None]  # (b, S, 1)
+        w = d_b * M  # d_t(s) μ_t(v|s), (b, S, V)
+        wN = w * ((1.0 + np.einsum("bsv,bsv->bs", P, P))[..., None] - 2.0 * P)  # d·μ·N
+        lam = np.zeros_like(w)
+        for j, (positive, k1, k2, k0) in enumerate(spec):
+            c = c_pos if positive else c_neg
+            Y = Qb[:, j] * np.exp(log_qb[:, j])[:, None, None]  # true Q of row j
+            cY = c * Y
+            if k1:
+                lam += k1 * cY
+            c2Y = c * cY
+            if k2:
+                second += k2 * float(np.einsum("bsv,bsv->", wN, c2Y))
+            if k0:
+                abs_sum += k0 * float(np.einsum("bsv,bsv->", w, np.abs(cY)))
+                sq_sum += k0 * float(np.einsum("bsv,bsv->", w, c2Y))
+        _store_blocks(env, mean, t0, t1, w * lam, P)
     return TokenMoments(
         mean=inv_z * mean.ravel(),
         second=inv_z**2 * float(second),
@@ -288,23 +331,38 @@ def _product_kernels(env, mu, alpha: float, t0: int, t1: int):
 
 
 def _product_forward(env, mu, alpha: float):
-    """Forward weights of K¹ and K² (:func:`_forward`), kernels formed a block at a time."""
-    cache = {}
-
-    def kernel(j):
-        def k(t):
-            t0 = (t // _BLOCK) * _BLOCK
-            if cache.get("t0") != t0:
-                cache["t0"] = t0
-                cache["k"] = _product_kernels(env, mu, alpha, t0, min(t0 + _BLOCK, env.T))
-            return cache["k"][j][t - t0].copy()
-
-        return k
-
-    F1 = _forward(env, kernel(1))
-    cache.clear()
-    F2 = _forward(env, kernel(2))
-    return F1, F2
+    """Forward weights of K¹ and K² together (two :func:`_forward` recursions in one loop,
+    kernels formed a block at a time): ``((F1, log_F1), (F2, log_F2))``."""
+    S, T = env.S, env.T
+    trans = env.transition.ravel()
+    a = np.zeros((2, S))
+    a[:, env.initial_state] = 1.0
+    F = np.zeros((2, T, S))
+    log_F = np.full((2, T), -np.inf)
+    log_scale = np.zeros(2)
+    alive = np.ones(2, dtype=bool)
+    offsets = (np.arange(2) * S)[:, None]
+    flat = (trans[None, :] + offsets).ravel()  # both recursions in one bincount
+    for t0, t1 in ((t0, min(t0 + _BLOCK, T)) for t0 in range(0, T, _BLOCK)):
+        _, K1, K2 = _product_kernels(env, mu, alpha, t0, t1)
+        for t in range(t0, t1):
+            F[:, t] = a
+            log_F[alive, t] = log_scale[alive]
+            if t == T - 1:
+                break
+            flow = np.stack([K1[t - t0], K2[t - t0]]) * a[:, :, None]
+            if env.eos is not None:
+                flow[:, :, env.eos] = 0.0
+            a = np.bincount(flat, weights=flow.ravel(), minlength=2 * S).reshape(2, S)
+            top = a.max(axis=1)
+            ended = ~(top > 0)
+            if ended.any():  # every sequence has ended: later positions carry no mass
+                alive &= ~ended
+                a[ended] = 0.0
+            safe = np.where(top > 0, top, 1.0)
+            a /= safe[:, None]
+            log_scale += np.log(safe)
+    return (F[0], log_F[0]), (F[1], log_F[1])
 
 
 def sequence_moments(env, mu, mapping, b: float, inv_z: float = 1.0) -> TokenMoments:
@@ -319,29 +377,36 @@ def sequence_moments(env, mu, mapping, b: float, inv_z: float = 1.0) -> TokenMom
     back = _Backward(env, np.stack([adv, ones, adv**2, ones]))
     mean = np.zeros(env.logits.shape)
     second = abs_sum = sq_sum = 0.0
-    value = np.empty((4, env.S))
     with np.errstate(over="ignore", invalid="ignore"):
         for t0, t1 in _position_blocks(env, env.T):
             P, K1, K2 = _product_kernels(env, mu, alpha, t0, t1)
             # Σ_v K² N Q = (1 + Σπ²)·Σ_v K² Q − 2 Σ_v K²·π·Q  (N = 1 + Σπ² − 2π)
             sp1 = 1.0 + np.einsum("bsv,bsv->bs", P, P)
-            K2P = K2 * P
+            b_len = t1 - t0
+            Qb = np.empty((b_len, 4, env.S, env.V))
+            log_qb = np.empty((b_len, 4))
+            values = np.empty((b_len, 4, env.S))
             for t in range(t1 - 1, t0 - 1, -1):
                 i = t - t0
                 Q, log_q = back.at(t)
+                Qb[i], log_qb[i] = Q, log_q
+                value = values[i]
                 value[:2] = np.einsum("sv,msv->ms", K1[i], Q[:2])
                 value[2:] = np.einsum("sv,msv->ms", K2[i], Q[2:])
-                kpq = np.einsum("sv,sv->s", K2P[i], Q[2])
-                if np.isfinite(log_F1[t]):
-                    s1 = np.exp(log_F1[t] + log_q[:2])
-                    lam = (F1[t] * s1[0])[:, None] * K1[i] * Q[0]
-                    _store_block(env, mean, t, lam, P[i])
-                    abs_sum += float(F1[t] @ value[1]) * s1[1]
-                if np.isfinite(log_F2[t]):
-                    s2 = np.exp(log_F2[t] + log_q[2:])
-                    second += float(F2[t] @ (sp1[i] * value[2] - 2.0 * kpq)) * s2[0]
-                    sq_sum += float(F2[t] @ value[3]) * s2[1]
                 back.step(value, log_q)
+            # vectorised over the block (F = 0 rows, log_F = −inf, give a zero scale)
+            s1 = np.exp(log_F1[t0:t1, None] + log_qb[:, :2])  # (b, 2)
+            s2 = np.exp(log_F2[t0:t1, None] + log_qb[:, 2:])
+            s1 = np.where(np.isfinite(log_F1[t0:t1, None]), s1, 0.0)
+            s2 = np.where(np.isfinite(log_F2[t0:t1, None]), s2, 0.0)
+            lam = (F1[t0:t1] * s1[:, :1])[..., None] * K1 * Qb[:, 0]
+            _store_blocks(env, mean, t0, t1, lam, P)
+            abs_sum += float(np.einsum("bs,bs,b->", F1[t0:t1], values[:, 1], s1[:, 1]))
+            # Σ_v K² N Q = (1 + Σπ²)·Σ_v K² Q − 2 Σ_v K²·π·Q  (N = 1 + Σπ² − 2π)
+            kpq = np.einsum("bsv,bsv,bsv->bs", K2, P, Qb[:, 2])
+            inner = sp1 * values[:, 2] - 2.0 * kpq
+            second += float(np.einsum("bs,bs,b->", F2[t0:t1], inner, s2[:, 0]))
+            sq_sum += float(np.einsum("bs,bs,b->", F2[t0:t1], values[:, 3], s2[:, 1]))
     return TokenMoments(
         mean=inv_z * mean.ravel(),
         second=inv_z**2 * second,

@@ -25,12 +25,14 @@ a test can tell whether the committed figures are what the current code produces
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
 import shutil
 import sys
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
@@ -240,10 +242,11 @@ def build(
     workers = min(jobs or available_cpus(), len(todo))
     try:
         if workers <= 1:
-            for name in todo:
-                reporter.started(name, time.time())
-                results[name] = make_one(name, out_dir, small, store.directory, force)
-                reporter.done(results[name])
+            with reporter.ticking():  # progress while a figure computes in this process
+                for name in todo:
+                    reporter.started(name, time.time())
+                    results[name] = make_one(name, out_dir, small, store.directory, force)
+                    reporter.done(results[name])
         else:
             _run_pool(todo, workers, out_dir, small, store.directory, force, reporter, results)
     finally:
@@ -313,6 +316,7 @@ class _Reporter:
         self.periodic = progress and not self.tty
         self.bar = None
         self.figure_bars: dict[str, object] = {}
+        self.lock = threading.RLock()
         if self.tty and any(plans[n][1] != "cached" for n in names):
             from tqdm import tqdm
 
@@ -327,6 +331,24 @@ class _Reporter:
                 dynamic_ncols=True,
             )
 
+    @contextlib.contextmanager
+    def ticking(self, interval: float = 1.0):
+        """Call :meth:`tick` from a background thread every ``interval`` seconds."""
+        stop = threading.Event()
+
+        def loop():
+            while not stop.wait(interval):
+                with self.lock:
+                    self.tick()
+
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
     def _write(self, line: str) -> None:
         if self.bar is not None:
             self.bar.write(line, file=self.stream)
@@ -334,6 +356,10 @@ class _Reporter:
             print(line, file=self.stream, flush=True)
 
     def started(self, name: str, when: float) -> None:
+        with self.lock:
+            self._started(name, when)
+
+    def _started(self, name: str, when: float) -> None:
         self.running[name] = when
         if self.bar is not None and self.plans[name][1] == "computed":
             if name in self.known:  # a bar with an ETA from the last run's time
@@ -356,6 +382,10 @@ class _Reporter:
             )
 
     def done(self, result: Result) -> None:
+        with self.lock:
+            self._done(result)
+
+    def _done(self, result: Result) -> None:
         self.running.pop(result.name, None)
         self.finished.append(result.name)
         bar = self.figure_bars.pop(result.name, None)

@@ -10,7 +10,7 @@ aggregation, GRPO group advantage), N ∈ {1, 4, 8, 16, 32, 64}, several seeds.
 Setting (full size): ``TokenMDP.at_least_k(V = 32, T = 64, k = 6)`` (R = 1 iff token 0 occurs
 at least 6 times; J(π₀) ≈ 0.003, J* = 1), asynchronous lag of 8 policy versions, Adam (lr 0.3,
 gradient norm clipped to 1) — the corner of the ``collapse_regimes`` map where the recipes
-separate (issue 16; at lag 0, lr 0.03 no run drifts beyond KL_seq ≈ 5 nats), mini-batch
+separate (issue 16, whose review measured KL_seq ≤ 5.4 nats at lag 0, lr 0.03), mini-batch
 of m = 32 sequences (4 groups of G = 8) per update and rollout batch N·m, so that every N takes
 the same 1000 updates on the same number of samples and only the staleness changes; J exact
 every 10 steps; seeds 0, 1, 2 (a seed fixes the run's random streams; without lag — the small

@@ -16,7 +16,11 @@ Llama of :func:`simkit.lm.models.tiny_llama`, or any causal LM) and a verifiable
 3. rewards and GRPO advantages (:func:`simkit.estimators.advantages`) are computed once;
 4. N optimizer steps (Adam, ``torch.optim.Adam``), one per mini-batch in order, each on the loss
    :func:`simkit.lm.losses.policy_loss` of the mapping with log π (current θ, differentiable)
-   against log μ — the same estimators as the simulator.
+   against log μ — the same estimators as the simulator. With a ``correction`` (a composed
+   loss: verl's decoupled PPO × token TIS, ``mode="decoupled"``; bypass; TRL's VESPO) the
+   trainer also recomputes log π_old with its own weights at the rollout's start (no engine
+   transform), as verl and TRL do: the mapping acts on π/π_old and the correction on
+   π_old/μ — the three policies of :mod:`simkit.train.core`.
 
 With N = 1, no lag and no engine transform, μ's log-probabilities are computed by the same
 function on the same weights as π's: every log-ratio is exactly 0, every mapping with
@@ -77,7 +81,8 @@ class LMTrainConfig:
     """Hyperparameters of an LM training run (module docstring).
 
     ``mapping`` (a name of :func:`simkit.lm.losses.available`) with ``hyperparams`` (pairs),
-    ``aggregation``, GRPO ``group_size``; schedule ``steps``, ``minibatches`` (N),
+    ``aggregation``, optional ``correction`` (a mapping name) and its ``mode``, GRPO
+    ``group_size``; schedule ``steps``, ``minibatches`` (N),
     ``minibatch_size`` (responses per update, a multiple of ``group_size``), ``lag``; Adam
     ``lr``; ``response_length``; inference engine ``precision`` (None or ``"bf16"``) and
     ``temperature``; task ``target`` token, ``n_prompts``, ``prompt_length``, ``task_seed``,
@@ -87,6 +92,8 @@ class LMTrainConfig:
     mapping: str = "naive"
     hyperparams: tuple = ()
     aggregation: str = "token-mean"
+    correction: str | None = None
+    mode: str = "decoupled"
     group_size: int = 4
     steps: int = 8
     minibatches: int = 1
@@ -129,6 +136,16 @@ class LMTrainConfig:
             raise ValueError(
                 f"LMTrainConfig.mapping must be one of {', '.join(losses.available())}, "
                 f"got {self.mapping!r}"
+            )
+        if self.correction is not None and self.correction not in losses.available():
+            raise ValueError(
+                f"LMTrainConfig.correction must be None or one of {', '.join(losses.available())}"
+                f", got {self.correction!r}"
+            )
+        if self.mode not in ("decoupled", "bypass", "trl_vespo"):
+            raise ValueError(
+                "LMTrainConfig.mode must be 'decoupled', 'bypass' or 'trl_vespo', got "
+                f"{self.mode!r}"
             )
         if self.precision not in (None, "bf16"):
             raise ValueError(
@@ -237,6 +254,8 @@ def train_lm(model, config: LMTrainConfig, seed: int = 0, *, out_dir=None, stop_
         ids, attn, resp = roll.input_ids, roll.attention_mask, roll.response_mask
         with torch.no_grad():
             log_mu = _log_probs(mu_net, ids, attn, resp, processor)
+            # π_old: the trainer's own recompute at the rollout's start (composed losses)
+            log_old = _log_probs(model, ids, attn, resp) if config.correction else None
         rewards = train_task.rewards(pidx, roll.response_ids, resp[:, roll.prompt_length :])
         adv = estimators.advantages(rewards, "grpo", group_size=G)
         adv_t = torch.tensor(adv, dtype=log_mu.dtype)
@@ -247,14 +266,23 @@ def train_lm(model, config: LMTrainConfig, seed: int = 0, *, out_dir=None, stop_
             record = step % config.eval_every == 0 or step == config.steps - 1
             J, J_se = _evaluate(model, eval_task, config, seed, step) if record else (math.nan,) * 2
             log_pi = _log_probs(model, ids[rows_j], attn[rows_j], resp[rows_j])
+            composed = {}
+            if config.correction is not None:
+                composed = dict(
+                    correction=config.correction,
+                    mode=config.mode,
+                    rollout_log_prob=log_mu[rows_j],
+                )
+            old = log_mu if config.correction is None or config.mode == "bypass" else log_old
             loss, _ = losses.policy_loss(
                 config.mapping,
                 log_pi,
-                log_mu[rows_j],
+                old[rows_j],
                 adv_t[rows_j],
                 resp[rows_j],
                 agg=config.aggregation,
                 compute_metrics=False,
+                **composed,
                 **hp,
             )
             opt.zero_grad(set_to_none=True)

@@ -58,10 +58,6 @@ policy versions kept for the lag, the in-flight rollout) is saved atomically aft
 running the same call again resumes from the checkpoint and produces bit for bit the table of an
 uninterrupted run. The previous checkpoint is kept: a damaged checkpoint or chunk (a careless
 disk) is named in a ``RuntimeWarning`` and the run resumes from the last intact one, or restarts.
-
-Long module, not split: the run loop and its checkpoints share the run's private state
-(``_State``, ``_Rollout``); a separate checkpoint module would import the loop's types and the
-loop its functions (a cycle).
 """
 
 from __future__ import annotations
