@@ -22,6 +22,10 @@ It prints the device (GPU model and memory) and three measurements, each a media
    parameters) with ``torch.func`` (``vmap(grad(functional_call))`` over rows, ``--chunk`` rows at
    a time) and with a Python loop of backward passes; rows/s, the speed-up and max |vmap − loop|.
 
+4. ``tree`` — the exact top-k prefix tree of SmolLM2 (:func:`simkit.lm.exact.tree`) for every k
+   in ``--tree-k`` and T in ``--tree-T``: wall seconds, forward positions (nodes) and nodes/s
+   (trees beyond the memory estimate are recorded as such).
+
 A size that runs out of device memory is recorded as ``"oom"`` and the script goes on. Results
 are written as JSON to ``--out`` (default ``benchmarks/results/lm_gpu.json``, git-ignored).
 """
@@ -50,6 +54,8 @@ SMALL = {
     "psg_length": "16",
     "chunk": 2,
     "repeats": 2,
+    "tree_k": "2",
+    "tree_T": "2,3",
 }
 
 
@@ -288,6 +294,55 @@ def bench_per_sample(model, device, rows, lengths, chunk, repeats) -> list[dict]
     return out
 
 
+def bench_tree(model, tokenizer, ks, Ts, device) -> list[dict]:
+    """Wall time and forward positions/s of :func:`simkit.lm.exact.tree` (temperature 1.3, EOS
+    on, final-norm closed-form scores) for every k and T; a tree whose memory estimate exceeds
+    the free device memory is recorded with the estimate instead ("memory")."""
+    from simkit.lm import exact, tasks
+
+    prompt = tasks.get_task("keyword", n_prompts=1, chat=False).prompt_ids(tokenizer)[0]
+    rows = []
+    for k in ks:
+        for T in Ts:
+            row = {"k": k, "T": T}
+            try:
+                _sync(device)
+                start = time.perf_counter()
+                tree = exact.tree(
+                    model,
+                    prompt,
+                    k,
+                    T,
+                    "temperature:1.3",
+                    tokenizer.eos_token_id,
+                    params="norm",
+                    progress=False,
+                )
+                _sync(device)
+                seconds = time.perf_counter() - start
+                row.update(
+                    seconds=seconds,
+                    nodes=tree.n_nodes,
+                    leaves=tree.n_leaves,
+                    nodes_per_s=tree.n_nodes / seconds,
+                )
+                print(
+                    f"  k={k} T={T}: {tree.n_nodes} nodes, {tree.n_leaves} leaves, "
+                    f"{seconds:.2f} s, {tree.n_nodes / seconds:.0f} nodes/s"
+                )
+            except MemoryError as err:
+                row["memory"] = str(err)
+                print(f"  k={k} T={T}: skipped ({str(err)[:80]}...)")
+            except RuntimeError as err:
+                if not _is_oom(err):
+                    raise
+                row["oom"] = True
+                _free(device)
+                print(f"  k={k} T={T}: out of device memory")
+            rows.append(row)
+    return rows
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
@@ -306,7 +361,9 @@ def main(argv=None) -> int:
     parser.add_argument("--chunk", type=int, default=8, help="vmap chunk size (rows at a time)")
     parser.add_argument("--model-dtype", default="", help="SmolLM2 dtype (bf16 on cuda, else fp32)")
     parser.add_argument("--repeats", type=int, default=5, help="timings per case (median)")
-    parser.add_argument("--skip", default="", help="parts to skip: loss,step,psg")
+    parser.add_argument("--skip", default="", help="parts to skip: loss,step,psg,tree")
+    parser.add_argument("--tree-k", default="4,8", help="exact tree: top-k sizes (4,8)")
+    parser.add_argument("--tree-T", default="6,8,10", help="exact tree: depths T (6,8,10)")
     parser.add_argument(
         "--out", default=str(Path(__file__).resolve().parent / "results" / "lm_gpu.json")
     )
@@ -334,9 +391,9 @@ def main(argv=None) -> int:
         report["loss"] = bench_losses(
             device, _ints(args.batch), _ints(args.length), args.repeats, names
         )
-    if not {"step", "psg"} <= skip:
+    if not {"step", "psg", "tree"} <= skip:
         start = time.perf_counter()
-        model, _ = models.load_smollm2(
+        model, tokenizer = models.load_smollm2(
             dtype=model_dtype, device=device, attn_implementation="eager"
         )
         report["smollm2_load_seconds"] = time.perf_counter() - start
@@ -350,6 +407,11 @@ def main(argv=None) -> int:
             print("3. per-sample gradients (last block MLP + final norm)")
             report["per_sample_grad"] = bench_per_sample(
                 model, device, args.psg_rows, _ints(args.psg_length), args.chunk, args.repeats
+            )
+        if "tree" not in skip:
+            print("4. exact top-k tree of SmolLM2 (simkit.lm.exact.tree, final-norm scores)")
+            report["tree"] = bench_tree(
+                model, tokenizer, _ints(args.tree_k), _ints(args.tree_T), device
             )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -323,10 +323,11 @@ for spec in ("temperature:1.3", "precision:bf16"):
 #
 # The gradient study on SmolLM2 takes the same call. With `SIMKIT_FAST=1` the sizes below are
 # far too small for conclusions (they only exercise the path); at full size they take a
-# couple of minutes. The full comparison — two temperatures, every mapping, the twin with
-# the LM's length distribution — is the `lm_vs_sim` figure (`simkit figures lm_vs_sim`,
-# about 10 min on 2 cores), and `simkit lm compare --model smollm2 …` runs it with your own
-# settings.
+# couple of minutes; `simkit lm compare --model smollm2 …` sets such a study beside the
+# χ²-profile twin with your own settings. The `lm_vs_sim` figure (`simkit figures lm_vs_sim`)
+# goes further: it makes SmolLM2 exact by truncating it to its top-4 tokens at every prefix
+# and enumerating every response (`simkit.lm.exact`), then checks the Monte Carlo study and
+# both twins against that truth.
 
 # %%
 smol_sizes = (
@@ -351,17 +352,19 @@ display(
 )
 
 # %% [markdown]
-# What the full-size `lm_vs_sim` figure found on SmolLM2 (temperatures 1.3 and 0.8, 27
-# mappings, T ≤ 12; the figure notes give the numbers): the twin ranks the mappings'
-# *relative variance* clearly better than chance (Spearman ρ ≈ 0.8 at both temperatures, 95%
-# intervals well above 0); the *relative bias* ranking agrees at τ = 0.8 (ρ ≈ 0.8) but not
-# at τ = 1.3 (ρ ≈ 0.3, interval including 0). Where they part most: the twin predicts the
-# PPO-clip family to be *more* biased than naive, the LM measures it less biased — which
-# tokens a clip cuts depends on the whole distribution of per-token ratios over a 49k-token
-# vocabulary, of which the twin keeps only the χ². And the twin's vocabulary matters: with a
-# single "other" token (V = 3 with the EOS) the only way to reach the measured χ² is to move
-# the answer token's own probability, and the agreement drops (variance ρ ≈ 0.6 and 0.3;
-# exercise 4 does the same on the tiny model).
+# What the measurements above cannot say — whether the twin's ranking is *right* — the
+# `lm_vs_sim` figure answers against exact values: on SmolLM2 truncated to top-4 (T ≤ 6) every
+# per-sample mapping's mean and variance is a finite sum over the enumerated responses. It
+# sets beside that truth the Monte Carlo study on the same truncated LM (does its 95% interval
+# cover the exact value?), the χ²-profile twin of section 4, and the *distribution-matched*
+# twin of `simkit.lm.twin_dist`, fitted only from logged per-token log π, log μ, masks and
+# rewards: it replays the logged responses, so it keeps *which* sequences carry the mismatch
+# and how that goes with the reward — what the χ²-profile twin loses and clipping reacts to.
+# The figure notes give the Spearman ρ of each against the exact relative bias, variance and
+# MSE, and mark a rank correlation from Monte Carlo intervals that do not separate most
+# mappings as unresolved. On the tiny Llama (k = 3, T = 4, τ = 1.5, 11 mappings; a test
+# guards it) the distribution-matched twin reaches ρ = 0.72 / 0.89 / 0.89 (bias / variance /
+# MSE), the χ²-profile twin 0.50 / 0.46 / 0.57 — with wide intervals at 11 mappings. `simkit diagnose` runs that twin on your own trainer's rollouts.
 #
 # ## Exercises
 #

@@ -484,6 +484,12 @@ def _add_lm(subparsers) -> None:
     register(subparsers)
 
 
+def _add_diagnose(subparsers) -> None:
+    from simkit.diagnose import register
+
+    register(subparsers)
+
+
 #: subcommand name -> function adding it to the subparsers (in help order)
 SUBCOMMANDS: dict[str, Callable] = {
     "run": _add_run,
@@ -491,6 +497,7 @@ SUBCOMMANDS: dict[str, Callable] = {
     "report": _add_report,
     "train": _add_train,
     "lm": _add_lm,
+    "diagnose": _add_diagnose,
     "figures": _add_figures,
     "info": _add_info,
     "list": _add_list,

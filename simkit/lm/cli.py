@@ -7,7 +7,9 @@
 - ``simkit lm study`` — bias / variance / cosine / SNR / ESS of every mapping on a language
   model (:func:`simkit.lm.experiment.gradient_study`);
 - ``simkit lm compare`` — the study next to the token-MDP twin's prediction, with the rank
-  agreement (:mod:`simkit.figures.lm_vs_sim`).
+  agreement (:mod:`simkit.figures._lm_vs_sim_mc`);
+- ``simkit lm exact`` and ``simkit lm dump`` (:mod:`simkit.lm.exact_cli`) — the exact top-k
+  tree study, and rollouts with known mismatch for ``simkit diagnose``.
 
 torch is imported only when a subcommand runs, so ``simkit --help`` works without it.
 """
@@ -431,7 +433,7 @@ def _run_compare(args) -> int:
     task = args.task or ("token" if args.model == "tiny" else "keyword")
     if args.model == "tiny" and task != "token":
         raise _cli_error(f"task {task!r} needs a tokenizer: use --model smollm2, or --task token")
-    from simkit.figures import lm_vs_sim
+    from simkit.figures import _lm_vs_sim_mc as lm_vs_sim
 
     task_kwargs = (("n_prompts", args.prompts),)
     if task == "token":
@@ -513,3 +515,7 @@ def register(subparsers) -> None:
     _add_mismatch(sub)
     _add_study(sub)
     _add_compare(sub)
+    from simkit.lm import exact_cli
+
+    exact_cli.add_exact(sub, sys.modules[__name__])
+    exact_cli.add_dump(sub, sys.modules[__name__])
