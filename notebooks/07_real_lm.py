@@ -364,7 +364,8 @@ display(
 # MSE, and mark a rank correlation from Monte Carlo intervals that do not separate most
 # mappings as unresolved. On the tiny Llama (k = 3, T = 4, τ = 1.5, 11 mappings; a test
 # guards it) the distribution-matched twin reaches ρ = 0.72 / 0.89 / 0.89 (bias / variance /
-# MSE), the χ²-profile twin 0.50 / 0.46 / 0.57 — with wide intervals at 11 mappings. `simkit diagnose` runs that twin on your own trainer's rollouts.
+# MSE), the χ²-profile twin 0.50 / 0.46 / 0.57 — with wide intervals at 11 mappings.
+# `simkit diagnose` runs that twin on your own trainer's rollouts.
 #
 # ## Exercises
 #
