@@ -266,6 +266,7 @@ def catalogue() -> str:
     import inspect
 
     from simkit import mappings
+    from simkit.mappings.preset_sources import PRESET_SOURCES
 
     rows = [
         "| name | level | ratio | defaults | presets |",
@@ -288,7 +289,10 @@ def catalogue() -> str:
         )
         doc = inspect.getdoc(cls) or ""
         summary = doc.split("\n\n", 1)[0].replace("\n", " ")
-        sources = getattr(cls, "preset_sources", {}) or {}
+        sources = {
+            **(getattr(cls, "preset_sources", {}) or {}),
+            **PRESET_SOURCES.get(name, {}),
+        }
         lines = [
             f"## `{name}` {{#{name.replace('_', '-')}}}",
             "",
