@@ -26,6 +26,16 @@ It prints the device (GPU model and memory) and three measurements, each a media
    in ``--tree-k`` and T in ``--tree-T``: wall seconds, forward positions (nodes) and nodes/s
    (trees beyond the memory estimate are recorded as such).
 
+5. ``train`` — RL training updates of a tiny Llama (:func:`simkit.lm.models.tiny_llama`, hidden
+   ``--train-hidden``, ``--train-layers`` layers, vocabulary 64) with the rollout of
+   :func:`simkit.lm.train.train_lm`: sample ``--train-batch`` responses of T tokens (T in
+   ``--train-length``) from μ (bf16 logits, temperature 0.9; a device generator), recompute
+   log μ, then one ``policy_loss`` (GRPO's ``ppo_clip``, GRPO advantages) + backward + Adam step
+   per mini-batch of ``--train-minibatch`` rows (N = batch / minibatch); updates/s and
+   tokens/s. ``--device cuda`` sizes: hidden 256, 4 layers, batch 512, minibatch 64 (N = 8),
+   T ∈ {64, 256}. (``train_lm`` itself draws from a CPU generator, so the figure
+   ``lm_staleness_curves`` runs on the CPU; this section is its loop on ``--device``.)
+
 A size that runs out of device memory is recorded as ``"oom"`` and the script goes on. Results
 are written as JSON to ``--out`` (default ``benchmarks/results/lm_gpu.json``, git-ignored).
 """
@@ -56,6 +66,11 @@ SMALL = {
     "repeats": 2,
     "tree_k": "2",
     "tree_T": "2,3",
+    "train_hidden": 16,
+    "train_layers": 1,
+    "train_batch": 16,
+    "train_minibatch": 8,
+    "train_length": "4,8",
 }
 
 
@@ -343,6 +358,94 @@ def bench_tree(model, tokenizer, ks, Ts, device) -> list[dict]:
     return rows
 
 
+def _train_rollout(model, mu, opt, prompts, T, gen, engine, batch, minibatch, G) -> None:
+    """One rollout of train_lm's loop: μ = θ (lag 0), sample, log μ, N updates."""
+    from simkit import estimators
+
+    device = prompts.device
+    mu.load_state_dict(model.state_dict())
+    roll = models.sample_responses(mu, prompts, T, gen, logits_processor=engine)
+    ids, attn, resp = roll.input_ids, roll.attention_mask, roll.response_mask
+    with torch.no_grad():
+        log_mu = models.sequence_log_probs(mu, ids, attn, resp, logits_processor=engine)
+    reward = (roll.response_ids == 1).any(dim=1).float().cpu().numpy()
+    adv = estimators.advantages(reward, "grpo", group_size=G)
+    adv_t = torch.tensor(adv, dtype=log_mu.dtype, device=device)
+    for j in range(batch // minibatch):
+        sl = slice(j * minibatch, (j + 1) * minibatch)
+        log_pi = models.sequence_log_probs(model, ids[sl], attn[sl], resp[sl])
+        loss, _ = losses.policy_loss(
+            "ppo_clip", log_pi, log_mu[sl], adv_t[sl], resp[sl], compute_metrics=False
+        )
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+
+def bench_train(device, hidden, layers, batch, minibatch, lengths, repeats) -> list[dict]:
+    """Section 5: rollout (sample from μ, recompute log μ) + N policy-loss/Adam updates."""
+
+    def engine(z):
+        return torch.log_softmax(z.to(torch.bfloat16).to(z.dtype) / 0.9, dim=-1)
+
+    rows = []
+    vocab, G = 64, 4
+    for T in lengths:
+        model = models.tiny_llama(
+            vocab_size=vocab,
+            hidden_size=hidden,
+            num_layers=layers,
+            num_heads=4 if hidden % 4 == 0 else 2,
+            num_kv_heads=2 if hidden % 4 == 0 else 1,
+            intermediate_size=2 * hidden,
+            seed=0,
+        ).to(device)
+        mu = models.tiny_llama(
+            vocab_size=vocab,
+            hidden_size=hidden,
+            num_layers=layers,
+            num_heads=4 if hidden % 4 == 0 else 2,
+            num_kv_heads=2 if hidden % 4 == 0 else 1,
+            intermediate_size=2 * hidden,
+            seed=0,
+        ).to(device)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        gen = torch.Generator(device=device).manual_seed(0)
+        prompts = torch.randint(0, vocab, (batch, 3), generator=gen, device=device)
+
+        def rollout(model=model, mu=mu, opt=opt, prompts=prompts, T=T, gen=gen):
+            _train_rollout(model, mu, opt, prompts, T, gen, engine, batch, minibatch, G)
+
+        try:
+            seconds = median_time(rollout, repeats, device)
+        except RuntimeError as err:
+            if not _is_oom(err):
+                raise
+            rows.append({"T": T, "batch": batch, "result": "oom"})
+            _free(device)
+            continue
+        N = batch // minibatch
+        row = {
+            "T": T,
+            "hidden": hidden,
+            "layers": layers,
+            "batch": batch,
+            "minibatch": minibatch,
+            "N": N,
+            "rollout_seconds": seconds,
+            "updates_per_s": N / seconds,
+            "tokens_per_s": batch * T / seconds,
+        }
+        print(
+            f"  T={T} batch={batch} N={N}: {row['updates_per_s']:.1f} updates/s, "
+            f"{row['tokens_per_s']:.0f} response tokens/s"
+        )
+        rows.append(row)
+        del model, mu, opt
+        _free(device)
+    return rows
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
@@ -361,9 +464,14 @@ def main(argv=None) -> int:
     parser.add_argument("--chunk", type=int, default=8, help="vmap chunk size (rows at a time)")
     parser.add_argument("--model-dtype", default="", help="SmolLM2 dtype (bf16 on cuda, else fp32)")
     parser.add_argument("--repeats", type=int, default=5, help="timings per case (median)")
-    parser.add_argument("--skip", default="", help="parts to skip: loss,step,psg,tree")
+    parser.add_argument("--skip", default="", help="parts to skip: loss,step,psg,tree,train")
     parser.add_argument("--tree-k", default="4,8", help="exact tree: top-k sizes (4,8)")
     parser.add_argument("--tree-T", default="6,8,10", help="exact tree: depths T (6,8,10)")
+    parser.add_argument("--train-hidden", type=int, default=256, help="train: hidden size")
+    parser.add_argument("--train-layers", type=int, default=4, help="train: layers (4)")
+    parser.add_argument("--train-batch", type=int, default=512, help="train: rollout batch")
+    parser.add_argument("--train-minibatch", type=int, default=64, help="train: mini-batch")
+    parser.add_argument("--train-length", default="64,256", help="train: response lengths T")
     parser.add_argument(
         "--out", default=str(Path(__file__).resolve().parent / "results" / "lm_gpu.json")
     )
@@ -413,6 +521,17 @@ def main(argv=None) -> int:
             report["tree"] = bench_tree(
                 model, tokenizer, _ints(args.tree_k), _ints(args.tree_T), device
             )
+    if "train" not in skip:
+        print("5. RL training updates of a tiny Llama (simkit.lm.train's rollout on the device)")
+        report["train"] = bench_train(
+            device,
+            args.train_hidden,
+            args.train_layers,
+            args.train_batch,
+            args.train_minibatch,
+            _ints(args.train_length),
+            args.repeats,
+        )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))

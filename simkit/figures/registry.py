@@ -25,6 +25,7 @@ from simkit.figures import (
     kernel_shapes,
     kernel_shapes_catalogue,
     length_trap,
+    lm_staleness_curves,
     lm_vs_sim,
     mismatch_curves,
     mse_vs_T,
@@ -60,6 +61,7 @@ FIGURES: dict[str, ModuleType] = {
         mismatch_curves,
         collapse_map,
         collapse_regimes,
+        lm_staleness_curves,
     )
 }
 
