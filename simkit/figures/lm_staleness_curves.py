@@ -227,12 +227,16 @@ def agreement(lm: pd.DataFrame, sim: pd.DataFrame, N: int) -> dict:
     return out
 
 
-def simulator_summary(cfg: Config) -> pd.DataFrame:
-    """The simulator's staleness_curves at its small size with this figure's recipes and N."""
-    sim_cfg = dataclasses.replace(
+def simulator_config(cfg: Config):
+    """The simulator's staleness_curves small configuration with this figure's recipes and N."""
+    return dataclasses.replace(
         sim_curves.config(small=True), recipes=cfg.recipes, staleness=cfg.staleness
     )
-    data = sim_curves.compute(sim_cfg, workers=1)
+
+
+def simulator_summary(cfg: Config) -> pd.DataFrame:
+    """The simulator's staleness_curves at its small size with this figure's recipes and N."""
+    data = sim_curves.compute(simulator_config(cfg), workers=1)
     return data.summary[["recipe", "N", "J_final", "J_final_se", "runs"]]
 
 
@@ -259,9 +263,12 @@ def make_notes(cfg: Config, summary: pd.DataFrame, table: pd.DataFrame, sim) -> 
         notes.append(f"Final J at N = {N} (mean ± SE over seeds): {ranking(_order(summary, N))}.")
     if sim is not None:
         ag = agreement(summary, sim, N_max)
+        sc = simulator_config(cfg)
         n = sum(len(v) for v in ag.values())
         notes.append(
-            f"Simulator (staleness_curves, small size, same recipes and N) at N = {N_max}: "
+            f"Simulator (staleness_curves at small size: {sc.constructor} V = {sc.V}, "
+            f"T = {sc.T}, lag {sc.lag}, lr {sc.lr:g}, {sc.steps} steps, "
+            f"{len(sc.seeds)} seeds; same recipes and N) at N = {N_max}: "
             f"{ranking(_order(sim, N_max))}."
         )
         notes.append(
