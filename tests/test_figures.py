@@ -36,6 +36,7 @@ EXPECTED = [
     "mismatch_curves",
     "collapse_map",
     "collapse_regimes",
+    "lm_staleness_curves",
 ]
 
 
