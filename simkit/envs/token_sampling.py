@@ -21,8 +21,9 @@ T positions; at position t every sequence is advanced together:
    state frozen at the final state).
 
 The reward is ``reward[s_L]``, of the final automaton state. Memory: the batch itself, O(N·T),
-plus O(B·(N + P·V)) of buffers for blocks of B = 64 positions (tables of a block are built at
-once, and sampled positions are written to the (N, T) outputs a block at a time). Uniforms
+plus O(B·(N + S·V)) of buffers for blocks of B = 16 positions (tables of a block are built at
+once, one row per automaton state while B·S·V stays under 4 Mi entries, else one per policy
+class, P·V; sampled positions are written to the (N, T) outputs a block at a time). Uniforms
 come from ``rng`` (N per position, in order), so the same seed gives the same batch.
 
 :func:`accumulate_tokens` forms Σ_{i,t} λ_{i,t} ∇θ log π(y_{i,t}|t, s_{i,t}) without per-sequence
@@ -48,7 +49,7 @@ from simkit._validation import as_prob
 __all__ = ["TokenBatch", "accumulate_tokens", "padding_mask", "sample_tokens", "token_states"]
 
 #: positions sampled between two writes into the (N, T) outputs
-_BLOCK_POSITIONS = 64
+_BLOCK_POSITIONS = 16
 #: CDF value that pads a vocabulary row up to a power of two (never ≤ a uniform in [0, 1))
 _CDF_PAD = 2.0
 #: largest (block, S, V_pad) table for which sampling uses per-state rather than per-class rows
