@@ -176,7 +176,7 @@ def _inverse_cdf(cdf_flat: np.ndarray, base: np.ndarray, u: np.ndarray, V_pad: i
     pos = base.copy()
     step = V_pad // 2
     while step:
-        np.take(cdf_flat[step - 1 :], pos, out=f, mode="clip")  # in range: see above
+        cdf_flat[step - 1 :].take(pos, out=f, mode="clip")  # in range: see above
         np.less_equal(f, u, out=le)
         np.multiply(le, step, out=inc)
         pos += inc
@@ -276,21 +276,22 @@ def sample_tokens(env, mu, n: int, rng: np.random.Generator, reps: int | None = 
                 else:
                     row_base.take(s, out=base)
                 k = _inverse_cdf(cdf[j], base, u, V_pad, work)
-                y = k - base
                 buf_s[j] = s
                 if fixed_length:
-                    buf_y[j] = y
-                    np.take(lr_tables[j], k, out=buf_lr[j], mode="clip")
+                    y = buf_y[j]
+                    np.subtract(k, base, out=y, casting="unsafe")  # token < V fits int32
+                    lr_tables[j].take(k, out=buf_lr[j], mode="clip")
                     if per_state:
-                        s = np.take(next_pad, k, mode="clip")
+                        s = next_pad.take(k, mode="clip")
                     else:
                         s = next_state.take(s * V + y)
                     continue
+                y = k - base
                 buf_m[j] = alive
                 y *= alive
                 buf_y[j] = y
                 np.multiply(lr_tables[j].take(k), alive, out=buf_lr[j])
-                nxt = np.take(next_pad, k, mode="clip") if per_state else next_state.take(s * V + y)
+                nxt = next_pad.take(k, mode="clip") if per_state else next_state.take(s * V + y)
                 s = np.where(alive, nxt, s)
                 ended = alive & (y == eos)
                 lengths[ended] = t0 + j + 1
