@@ -21,8 +21,9 @@ T positions; at position t every sequence is advanced together:
    state frozen at the final state).
 
 The reward is ``reward[s_L]``, of the final automaton state. Memory: the batch itself, O(N·T),
-plus O(B·(N + P·V)) of buffers for blocks of B = 64 positions (tables of a block are built at
-once, and sampled positions are written to the (N, T) outputs a block at a time). Uniforms
+plus O(B·(N + S·V)) of buffers for blocks of B = 16 positions (tables of a block are built at
+once, one row per automaton state while B·S·V stays under 4 Mi entries, else one per policy
+class, P·V; sampled positions are written to the (N, T) outputs a block at a time). Uniforms
 come from ``rng`` (N per position, in order), so the same seed gives the same batch.
 
 :func:`accumulate_tokens` forms Σ_{i,t} λ_{i,t} ∇θ log π(y_{i,t}|t, s_{i,t}) without per-sequence
@@ -48,9 +49,11 @@ from simkit._validation import as_prob
 __all__ = ["TokenBatch", "accumulate_tokens", "padding_mask", "sample_tokens", "token_states"]
 
 #: positions sampled between two writes into the (N, T) outputs
-_BLOCK_POSITIONS = 64
+_BLOCK_POSITIONS = 16
 #: CDF value that pads a vocabulary row up to a power of two (never ≤ a uniform in [0, 1))
 _CDF_PAD = 2.0
+#: largest (block, S, V_pad) table for which sampling uses per-state rather than per-class rows
+_STATE_TABLE_BYTES = 1 << 25
 
 
 @dataclass(frozen=True, eq=False)
@@ -66,7 +69,9 @@ class TokenBatch:
       final state on padding);
     - ``lengths`` (L..., n) int, number of tokens (= ``mask.sum(-1)``);
     - ``rewards`` (L..., n) float64, R = ``reward[final state]``;
-    - ``J`` the exact J(π); ``mu`` (T, P, V) the behaviour policy; ``grad_J`` (D,) the exact
+    - ``J`` the exact J(π), computed on first access (``env.J()``; the trainer never reads it,
+      so a draw does not pay a DP over (T, S, V)); ``mu`` (T, P, V) the behaviour policy;
+      ``grad_J`` (D,) the exact
       ∇θ J(π), computed on first access (``env.grad_J()``); ``J_mu`` the exact J(μ) (baseline
       of the ``oracle`` advantage), computed on first access (``env.J(mu)``).
     """
@@ -77,7 +82,6 @@ class TokenBatch:
     log_ratio: np.ndarray
     lengths: np.ndarray
     states: np.ndarray
-    J: float
     mu: np.ndarray = field(repr=False)
     env: object = field(repr=False)
 
@@ -95,6 +99,11 @@ class TokenBatch:
     def T(self) -> int:
         """Maximum sequence length (positions per row)."""
         return int(self.actions.shape[-1])
+
+    @cached_property
+    def J(self) -> float:
+        """Exact J(π) of the environment (``env.J()``, computed once, on first access)."""
+        return float(self.env.J())
 
     @cached_property
     def grad_J(self) -> np.ndarray:
@@ -136,12 +145,6 @@ def _check_behaviour(mu, shape: tuple[int, ...], name: str = "mu") -> np.ndarray
     return arr
 
 
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    """log softmax over the last axis (any leading shape)."""
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-
-
 def _cdf_tables(mu_block: np.ndarray, V_pad: int) -> np.ndarray:
     """CDFs of the rows of ``mu_block`` (B, P, V), last entry exactly 1, padded: (B, P·V_pad).
 
@@ -155,19 +158,28 @@ def _cdf_tables(mu_block: np.ndarray, V_pad: int) -> np.ndarray:
     return table.reshape(B, P * V_pad)
 
 
-def _inverse_cdf(cdf_flat: np.ndarray, base: np.ndarray, u: np.ndarray, V_pad: int):
+def _inverse_cdf(cdf_flat: np.ndarray, base: np.ndarray, u: np.ndarray, V_pad: int, work=None):
     """Flat indices base + #{v : F(v) ≤ u} by a branchless binary search (all rows at once).
 
-    ``cdf_flat`` (P·V_pad,) the CDF rows of one position; ``base`` (N,) = p·V_pad the offset of
+    ``cdf_flat`` (R·V_pad,) the CDF rows of one position; ``base`` (N,) = r·V_pad the offset of
     each sequence's row; ``u`` (N,) uniforms in [0, 1). With V_pad = 2^k the search makes k
     gathers: after the step of size h, ``pos − base`` counts the leading entries ≤ u. Since
     F(V−1) = 1 > u the result never passes the last real token, and a token with μ = 0 (a flat
-    step, F(v) = F(v−1)) is never returned.
+    step, F(v) = F(v−1)) is never returned. Every index read lies in its row
+    (pos − base + h − 1 < V_pad), so the gathers use ``mode="clip"`` (no bounds check; it never
+    clips). ``work`` = (float (N,), bool (N,), intp (N,))
+    scratch buffers, so that the search allocates nothing.
     """
+    if work is None:
+        work = (np.empty(u.shape), np.empty(u.shape, dtype=bool), np.empty(u.shape, dtype=np.intp))
+    f, le, inc = work
     pos = base.copy()
     step = V_pad // 2
     while step:
-        pos += (cdf_flat[step - 1 :].take(pos) <= u) * step
+        cdf_flat[step - 1 :].take(pos, out=f, mode="clip")  # in range: see above
+        np.less_equal(f, u, out=le)
+        np.multiply(le, step, out=inc)
+        pos += inc
         step //= 2
     return pos
 
@@ -203,9 +215,21 @@ def sample_tokens(env, mu, n: int, rng: np.random.Generator, reps: int | None = 
     N = n * (lead[0] if lead else 1)
 
     V_pad = 1 << max(V - 1, 0).bit_length()  # smallest power of two >= V
-    # p·V_pad per automaton state, and the transition table flattened for one gather per step
-    row_base = policy_index.astype(np.intp) * V_pad
-    next_state = transition.astype(np.intp).ravel()
+    S = policy_index.shape[0]
+    # Per-state tables (rows copied from the state's policy class, so values are identical):
+    # the row offset of a sequence is then s·V_pad (no gather) and the next state is one gather
+    # at the sampled flat index. Used when the (block, S, V_pad) tables stay small; otherwise
+    # per-class tables with the offset policy_index[s]·V_pad and next state transition[s, y].
+    block = min(T, _BLOCK_POSITIONS)
+    per_state = S * V_pad * block * 8 <= _STATE_TABLE_BYTES
+    identity = S == P and np.array_equal(policy_index, np.arange(S))  # rows are already per state
+    if per_state:
+        next_pad = np.zeros((S, V_pad), dtype=np.intp)
+        next_pad[:, :V] = transition
+        next_pad = next_pad.ravel()
+    else:
+        row_base = policy_index.astype(np.intp) * V_pad
+        next_state = transition.astype(np.intp).ravel()
 
     fixed_length = eos is None
     alloc = np.empty if fixed_length else np.zeros  # with EOS, padding stays 0 / False
@@ -217,9 +241,10 @@ def sample_tokens(env, mu, n: int, rng: np.random.Generator, reps: int | None = 
     s = np.full(N, s0, dtype=np.intp)
     alive = np.ones(N, dtype=bool)
     u = np.empty(N)
+    base = np.empty(N, dtype=np.intp)
+    work = (np.empty(N), np.empty(N, dtype=bool), np.empty(N, dtype=np.intp))
     # positions are produced time-major into (block, N) buffers, then written block by block
     # into the (N, T) outputs (contiguous runs per row instead of one strided column per step)
-    block = min(T, _BLOCK_POSITIONS)
     buf_y = np.empty((block, N), dtype=np.int32)
     buf_s = np.empty((block, N), dtype=np.int32)
     buf_lr = np.empty((block, N))
@@ -231,25 +256,43 @@ def sample_tokens(env, mu, n: int, rng: np.random.Generator, reps: int | None = 
             t1 = min(t0 + block, T)
             cdf = _cdf_tables(mu[t0:t1], V_pad)
             lr_tables = np.zeros((t1 - t0, P, V_pad))
-            # log π − log μ, +inf where μ = 0 (such tokens are never drawn)
-            lr_tables[..., :V] = _log_softmax(logits[t0:t1]) - np.log(mu[t0:t1])
-            lr_tables = lr_tables.reshape(t1 - t0, P * V_pad)
+            # log π − log μ, +inf where μ = 0 (such tokens are never drawn); log π is the
+            # log-softmax (logits − max) − log Σ exp(logits − max), computed in place
+            lr = lr_tables[..., :V]
+            lg = logits[t0:t1]
+            np.subtract(lg, lg.max(axis=-1, keepdims=True), out=lr)
+            lr -= np.log(np.exp(lr).sum(axis=-1, keepdims=True))
+            lr -= np.log(mu[t0:t1])
+            if per_state and not identity:
+                cdf = cdf.reshape(t1 - t0, P, V_pad)[:, policy_index].reshape(t1 - t0, -1)
+                lr_tables = lr_tables[:, policy_index].reshape(t1 - t0, -1)
+            else:
+                cdf = cdf.reshape(t1 - t0, -1)
+                lr_tables = lr_tables.reshape(t1 - t0, P * V_pad)
             for j in range(t1 - t0):
                 rng.random(out=u)
-                base = row_base.take(s)
-                k = _inverse_cdf(cdf[j], base, u, V_pad)
-                y = k - base
+                if per_state:
+                    np.multiply(s, V_pad, out=base)
+                else:
+                    row_base.take(s, out=base)
+                k = _inverse_cdf(cdf[j], base, u, V_pad, work)
                 buf_s[j] = s
                 if fixed_length:
-                    buf_y[j] = y
-                    lr_tables[j].take(k, out=buf_lr[j])
-                    s = next_state.take(s * V + y)
+                    y = buf_y[j]
+                    np.subtract(k, base, out=y, casting="unsafe")  # token < V fits int32
+                    lr_tables[j].take(k, out=buf_lr[j], mode="clip")
+                    if per_state:
+                        s = next_pad.take(k, mode="clip")
+                    else:
+                        s = next_state.take(s * V + y)
                     continue
+                y = k - base
                 buf_m[j] = alive
                 y *= alive
                 buf_y[j] = y
                 np.multiply(lr_tables[j].take(k), alive, out=buf_lr[j])
-                s = np.where(alive, next_state.take(s * V + y), s)
+                nxt = next_pad.take(k, mode="clip") if per_state else next_state.take(s * V + y)
+                s = np.where(alive, nxt, s)
                 ended = alive & (y == eos)
                 lengths[ended] = t0 + j + 1
                 alive &= ~ended
@@ -274,7 +317,6 @@ def sample_tokens(env, mu, n: int, rng: np.random.Generator, reps: int | None = 
         log_ratio=log_ratio.reshape(*shape, T),
         lengths=lengths.reshape(shape),
         states=states.reshape(*shape, T),
-        J=float(env.J()),
         mu=mu,
         env=env,
     )
