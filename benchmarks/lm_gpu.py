@@ -391,24 +391,19 @@ def bench_train(device, hidden, layers, batch, minibatch, lengths, repeats) -> l
     rows = []
     vocab, G = 64, 4
     for T in lengths:
-        model = models.tiny_llama(
-            vocab_size=vocab,
-            hidden_size=hidden,
-            num_layers=layers,
-            num_heads=4 if hidden % 4 == 0 else 2,
-            num_kv_heads=2 if hidden % 4 == 0 else 1,
-            intermediate_size=2 * hidden,
-            seed=0,
-        ).to(device)
-        mu = models.tiny_llama(
-            vocab_size=vocab,
-            hidden_size=hidden,
-            num_layers=layers,
-            num_heads=4 if hidden % 4 == 0 else 2,
-            num_kv_heads=2 if hidden % 4 == 0 else 1,
-            intermediate_size=2 * hidden,
-            seed=0,
-        ).to(device)
+
+        def build():  # π and μ start from the same seed (μ is the lagged copy)
+            return models.tiny_llama(
+                vocab_size=vocab,
+                hidden_size=hidden,
+                num_layers=layers,
+                num_heads=4 if hidden % 4 == 0 else 2,
+                num_kv_heads=2 if hidden % 4 == 0 else 1,
+                intermediate_size=2 * hidden,
+                seed=0,
+            ).to(device)
+
+        model, mu = build(), build()
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         gen = torch.Generator(device=device).manual_seed(0)
         prompts = torch.randint(0, vocab, (batch, 3), generator=gen, device=device)
