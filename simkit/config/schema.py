@@ -33,8 +33,8 @@ from pydantic import (
     model_validator,
 )
 
+from simkit import composition, mappings, shifts
 from simkit import estimators as _estimators
-from simkit import mappings, shifts
 from simkit.envs import Bandit, TokenMDP
 from simkit.envs.bandit import REWARD_KINDS
 from simkit.envs.behaviour import AGGREGATES, LEVELS, BehaviourSpec
@@ -432,6 +432,12 @@ class BehaviourConfig(Frozen):
 # --- estimators ---------------------------------------------------------------------------------
 
 
+def correction_names() -> tuple[str, ...]:
+    """Mappings that can be a ``correction`` (detached weights: every registered mapping but
+    :data:`simkit.composition.SURROGATE_MAPPINGS`)."""
+    return tuple(n for n in mappings.available() if n not in composition.SURROGATE_MAPPINGS)
+
+
 class EstimatorConfig(Frozen):
     """A family of estimators: one mapping, crossed with a hyperparameter grid, aggregations
     and advantages.
@@ -443,6 +449,17 @@ class EstimatorConfig(Frozen):
     linked knobs such as PPO's ε_low = ε_high). Each hyperparameter setting is crossed with
     ``aggregations`` × ``advantages``; ``group_size`` applies to the group advantages (grpo,
     dr_grpo, rloo), ``adv_eps`` to grpo, ``max_length`` to seq-mean-token-sum-norm.
+
+    Three policies (:mod:`simkit.composition`): ``correction`` (a detached-weight mapping on
+    π_old/μ, one of :func:`correction_names`: ``tis_token``, ``mis_seq``, ``icepop``...) with
+    ``correction_preset`` and ``correction_params`` (its fixed hyperparameters), ``mode``
+    (``"decoupled"``: c = c_mapping(π/π_old)·c_correction(π_old/μ), verl's decoupled mode and
+    TRL's vLLM importance-sampling correction; ``"bypass"``: π_old := μ, verl's bypass mode;
+    ``"trl_vespo"``: TRL's VESPO, the token correction folded into W), ``denominator``
+    (``"valid"`` or ``"kept"``: verl's legacy token-mean over the surviving tokens) and ``seed``
+    (the Generator of a stochastic mapping such as ``clip_cov``). Without these keys an entry is
+    the single-ratio estimator of before; every estimator of the entry gets the same
+    composition. π_old itself is the behaviour's ``old`` table.
     """
 
     table: ClassVar[str] = "estimators[?]"
@@ -461,9 +478,23 @@ class EstimatorConfig(Frozen):
     group_size: Annotated[StrictInt, Field(ge=2)] | None = None
     adv_eps: NonNeg = _estimators.DEFAULT_ADV_EPS
     max_length: PosInt | None = None
+    correction: (
+        Annotated[
+            StrictStr,
+            AfterValidator(_names(correction_names, "correction")),
+            Field(json_schema_extra=_enum(correction_names)),
+        ]
+        | None
+    ) = None
+    correction_preset: StrictStr | None = None
+    correction_params: Params = ()
+    mode: Literal[composition.MODES] = "decoupled"
+    denominator: Literal[composition.DENOMINATORS] = "valid"
+    seed: NonNegInt = 0
 
     @model_validator(mode="after")
     def _check(self):
+        self._check_correction()
         if self.preset is not None:
             presets = tuple(mappings.mapping_class(self.mapping).presets) or ("(none)",)
             if self.preset not in presets:
@@ -489,6 +520,37 @@ class EstimatorConfig(Frozen):
         self.build()  # every hyperparameter setting and estimator, with key-path errors
         return self
 
+    def _check_correction(self) -> None:
+        if self.correction is None:
+            for key in ("correction_preset", "correction_params"):
+                if getattr(self, key):
+                    raise KeyPathError(f".{key}", "applies with a correction only (no correction)")
+            if self.mode == "trl_vespo":
+                raise KeyPathError(".mode", "mode 'trl_vespo' needs a correction (tis_token, …)")
+            return
+        if self.correction_preset is not None:
+            presets = tuple(mappings.mapping_class(self.correction).presets) or ("(none)",)
+            if self.correction_preset not in presets:
+                raise KeyPathError(
+                    ".correction_preset",
+                    f"unknown preset {self.correction_preset!r} of correction "
+                    f"{self.correction!r}; valid: {', '.join(presets)}",
+                )
+        params = _like_default(mappings.get(self.correction), self.correction_params)
+        self._set("correction_params", params)
+
+    def _correction(self):
+        """The correction Mapping (None without one); errors name the key."""
+        if self.correction is None:
+            return None
+        try:
+            return mappings.get(
+                self.correction, preset=self.correction_preset, **dict(self.correction_params)
+            )
+        except (ValueError, TypeError, KeyError) as exc:
+            where = ".correction_params" if self.correction_params else ".correction_preset"
+            raise KeyPathError(where, _message(exc)) from None
+
     def settings(self) -> list[dict]:
         """The hyperparameter dicts of the grid (fixed ``params`` included), in grid order."""
         names = [k for k, _ in self.grid]
@@ -504,6 +566,14 @@ class EstimatorConfig(Frozen):
             mappings.get(self.mapping, preset=self.preset, **dict(self.params))
         except (ValueError, TypeError, KeyError) as exc:
             raise KeyPathError(".params" if self.params else ".preset", _message(exc)) from None
+        correction = self._correction()
+        try:
+            composition.check_correction(
+                mappings.get(self.mapping), correction, self.mode, self.denominator
+            )
+        except (ValueError, TypeError) as exc:
+            where = ".mode" if self.mode != "decoupled" else ".correction"
+            raise KeyPathError(where, _message(exc)) from None
         out = []
         grid_names = [k for k, _ in self.grid]
         for hp in self.settings():
@@ -514,10 +584,12 @@ class EstimatorConfig(Frozen):
                 raise KeyPathError(f".grid ({where})", _message(exc)) from None
             for aggregation in self.aggregations:
                 for advantage in self.advantages:
-                    out.append(self._estimator(mapping, aggregation, advantage))
+                    out.append(self._estimator(mapping, aggregation, advantage, correction))
         return out
 
-    def _estimator(self, mapping, aggregation: str, advantage: str) -> _estimators.Estimator:
+    def _estimator(
+        self, mapping, aggregation: str, advantage: str, correction=None
+    ) -> _estimators.Estimator:
         group = advantage in _estimators.GROUP_ADVANTAGES
         if group and self.group_size is None:
             raise KeyPathError(".group_size", f"advantage {advantage!r} needs a group_size G >= 2")
@@ -529,6 +601,10 @@ class EstimatorConfig(Frozen):
                 group_size=self.group_size if group else None,
                 adv_eps=self.adv_eps,
                 max_length=self.max_length if aggregation == "seq-mean-token-sum-norm" else None,
+                correction=correction,
+                mode=self.mode,
+                denominator=self.denominator,
+                seed=self.seed,
             )
         except (ValueError, TypeError) as exc:
             raise KeyPathError("", _message(exc)) from None
@@ -537,8 +613,12 @@ class EstimatorConfig(Frozen):
         d = _omit_none(dict(self))
         d["params"] = dict(self.params)
         d["grid"] = {k: list(v) for k, v in self.grid}
-        for key in ("params", "grid"):
+        d["correction_params"] = dict(self.correction_params)
+        for key in ("params", "grid", "correction_params"):
             if not d[key]:
+                del d[key]
+        for key, default in (("mode", "decoupled"), ("denominator", "valid"), ("seed", 0)):
+            if d[key] == default:
                 del d[key]
         if d["grid_mode"] == "product":
             del d["grid_mode"]
