@@ -196,3 +196,134 @@ def test_json_schema_lists_the_composition_keys(capsys):
     bad["estimators"][0]["mode"] = "bypass"
     bad["estimators"][0]["correction"] = "ppo_clip"  # a surrogate is not in the enum
     assert list(validator.iter_errors(bad))
+
+
+# --- [behaviour.old]: π_old for experiment sweeps ---------------------------------------------
+
+
+def token_old_dict(old: dict) -> dict:
+    return {
+        "name": "old",
+        "seed": 1,
+        "n": [8],
+        "reps": 30,
+        "n_boot": 50,
+        "environment": {
+            "kind": "token_mdp",
+            "constructor": "at_least_k",
+            "V": 2,
+            "T": [3],
+            "seed": 0,
+            "kwargs": {"k": 2},
+        },
+        "behaviour": {"family": "logit_noise", "targets": [0.0, 0.1], "old": old},
+        "estimators": [
+            {"mapping": "ppo_clip"},
+            {"mapping": "ppo_clip", "correction": "tis_token"},
+            {"mapping": "is_seq", "correction": "is_seq"},
+            {"mapping": "snis", "correction": "tis_token"},  # Monte Carlo
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    "old", [{"chi2": 0.05, "steps": 3}, {"step_size": 0.4, "steps": 2}], ids=["chi2", "step"]
+)
+def test_an_old_config_runs_and_equals_a_direct_run_with_old_bit_for_bit(old):
+    from simkit.envs import BehaviourSpec, TokenMDP, stale
+
+    config = validate(SweepConfig.from_dict(token_old_dict(old)))
+    assert SweepConfig.from_dict(config.to_dict()) == config
+    assert SweepConfig.from_dict(tomllib.loads(to_toml(config))) == config
+    cell = expand(config)[1]
+    table = run_cell(cell)
+
+    env = TokenMDP.at_least_k(V=2, T=3, k=2, seed=0)
+    if "chi2" in old:
+        pi_old = stale.dial_staleness(env, 0.05, steps=3)
+    else:
+        pi_old = stale.stale_policy(env, steps=2, step_size=0.4)
+    served = env.with_logits(np.log(pi_old))
+    mu = BehaviourSpec(target=0.1, divergence="chi2", family="logit_noise").build(served)
+    ests = [
+        Estimator("ppo_clip"),
+        Estimator("ppo_clip", correction="tis_token"),
+        Estimator("is_seq", correction="is_seq"),
+        Estimator("snis", correction="tis_token"),
+    ]
+    setting = {"env": "at_least_k", "family": "logit_noise", "divergence": "chi2"}
+    setting |= {"div_level": "token", "target": 0.1}
+    direct = experiment.run(
+        env, mu, ests, n=8, reps=30, seed=cell.run_seed, setting=setting, n_boot=50, old=pi_old
+    )
+    pd.testing.assert_frame_equal(table[direct.columns], direct, check_exact=True)
+    # both legs as configured: D(π_old‖μ) = the target, χ²_seq(π‖π_old) = 0.05
+    np.testing.assert_allclose(table.chi2_tok_infer, 0.1, rtol=1e-8)
+    if "chi2" in old:
+        np.testing.assert_allclose(table.chi2_seq_stale, 0.05, rtol=1e-8)
+    assert table.exact.tolist() == [True, True, True, False]
+    # sequence IS on both legs is W(π/μ): unbiased in direction
+    assert table.bias_dir[2] < 1e-12 and table.cosine[2] == pytest.approx(1.0, abs=1e-12)
+
+
+def test_target_zero_serves_pi_old_itself():
+    config = validate(SweepConfig.from_dict(token_old_dict({"chi2": 0.05, "steps": 3})))
+    table = run_cell(expand(config)[0])
+    np.testing.assert_allclose(table.chi2_tok_infer, 0.0, atol=1e-14)
+    np.testing.assert_allclose(table.chi2_seq, 0.05, rtol=1e-8)  # μ = π_old: D(π‖μ) = staleness
+
+
+def test_without_old_the_cell_parameters_and_table_are_those_of_before():
+    d = token_old_dict({"chi2": 0.05})
+    del d["behaviour"]["old"]
+    config = SweepConfig.from_dict(d)
+    assert "old" not in expand(config)[0].params["behaviour"]
+    table = run_cell(expand(config)[0])
+    assert not any(c.endswith(("_stale", "_infer")) for c in table.columns)
+
+
+BAD_OLD = {
+    "both chi2 and step_size": (
+        {"chi2": 0.05, "step_size": 0.1},
+        ["behaviour.old", "exactly one of chi2", "step_size"],
+    ),
+    "neither": ({"steps": 2}, ["behaviour.old", "exactly one of chi2"]),
+    "misspelt key": ({"chi": 0.05}, ["behaviour.old.chi", "unknown key", "chi2", "step_size"]),
+    "zero steps": ({"chi2": 0.05, "steps": 0}, ["behaviour.old.steps", ">= 1", "0"]),
+    "non-positive chi2": ({"chi2": 0.0}, ["behaviour.old.chi2", "> 0", "0"]),
+    "unknown level": ({"chi2": 0.05, "level": "token"}, ["behaviour.old.level", "'token'", "seq"]),
+    "level without chi2": ({"step_size": 0.1, "level": "tok"}, ["behaviour.old.level", "chi2"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_OLD), ids=list(BAD_OLD))
+def test_bad_old_tables_are_refused_naming_key_and_value(case):
+    old, fragments = BAD_OLD[case]
+    with pytest.raises(ConfigError) as info:
+        SweepConfig.from_dict(token_old_dict(old))
+    message = str(info.value)
+    for fragment in fragments:
+        assert fragment in message, (fragment, message)
+
+
+def test_an_unreachable_staleness_is_refused_before_work():
+    # a bandit whose arms all pay the same has ∇J = 0: no backward step moves π
+    d = bandit_dict([{"mapping": "ppo_clip"}])
+    d["environment"]["means"] = [0.5] * 5
+    d["behaviour"]["old"] = {"chi2": 0.05}
+    with pytest.raises(ConfigError, match=r"^behaviour\.old: chi2 = 0\.05 is not reached"):
+        validate(SweepConfig.from_dict(d))
+
+
+def test_the_example_config_runs_with_both_legs():
+    from simkit.config import load_config
+
+    config = load_config(ROOT / "configs" / "three_policies.toml")
+    assert config.behaviour.old is not None
+    assert {e.correction is not None for ec in config.estimators for e in ec.build()} == {
+        True,
+        False,
+    }
+    table = run_cell(expand(config)[-1])
+    np.testing.assert_allclose(table.chi2_seq_stale, 0.05, rtol=1e-8)
+    assert table.exact.all()

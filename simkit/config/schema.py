@@ -15,6 +15,7 @@ a configuration is hashable and two dicts that differ only in key order are one 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -52,6 +53,7 @@ __all__ = [
     "EnvironmentConfig",
     "EstimatorConfig",
     "Frozen",
+    "OldConfig",
     "SweepConfig",
     "TokenMDPConfig",
     "distinct_estimators",
@@ -349,6 +351,62 @@ EnvironmentConfig = Annotated[BanditConfig | TokenMDPConfig, Field(discriminator
 # --- behaviour ----------------------------------------------------------------------------------
 
 
+class OldConfig(Frozen):
+    """π_old, the policy that generated the rollout, a few optimiser steps behind π
+    (:mod:`simkit.envs.stale`): ``steps`` exact policy-gradient steps backwards from π, with the
+    step size ``step_size`` or — exactly one of the two — the step size dialed so that
+    χ²(π‖π_old) = ``chi2`` at ``level`` (``"seq"``: sequence, ``"tok"``: token average;
+    :func:`~simkit.envs.stale.dial_staleness`, brentq to 1e-10 relative).
+
+    With this table the behaviour section describes the *inference mismatch* leg: μ is π_old
+    served by an engine modelled by the shift ``family``, dialed to D(π_old‖μ) = each of the
+    ``targets`` (a target 0 gives μ = π_old, verl's bypass situation). Without it μ is dialed
+    from π and π_old = π (the tables of before, bit for bit).
+    """
+
+    table: ClassVar[str] = "behaviour.old"
+
+    steps: PosInt = 1
+    chi2: Annotated[StrictFloat, Field(gt=0.0, allow_inf_nan=False)] | None = None
+    step_size: NonNeg | None = None
+    level: Literal["seq", "tok"] = "seq"
+
+    @model_validator(mode="after")
+    def _check(self):
+        if (self.chi2 is None) == (self.step_size is None):
+            raise KeyPathError(
+                "",
+                "give exactly one of chi2 (a target χ²(π‖π_old)) and step_size (the size of "
+                f"each backward step); got chi2 = {self.chi2!r}, step_size = {self.step_size!r}",
+            )
+        if self.step_size is not None and self.level != "seq":
+            raise KeyPathError(".level", "applies with chi2 only (the dialed divergence)")
+        return self
+
+    def build(self, env) -> np.ndarray:
+        """π_old for ``env`` (the shape of a behaviour policy; ValueError if unreachable)."""
+        from simkit.envs import stale
+
+        if self.chi2 is not None:
+            return stale.dial_staleness(env, self.chi2, steps=self.steps, level=self.level)
+        return stale.stale_policy(env, steps=self.steps, step_size=self.step_size)
+
+    def to_dict(self) -> dict:
+        d = _omit_none(dict(self))
+        if self.step_size is not None:
+            del d["level"]
+        return plain(d)
+
+
+def served_environment(env, old: np.ndarray):
+    """``env`` with π_old in place of π (the policy the inference engine serves): its logits
+    are log π_old (``TokenMDP.with_logits``; a bandit is a dataclass)."""
+    logits = np.log(np.asarray(old, dtype=np.float64))
+    if hasattr(env, "with_logits"):
+        return env.with_logits(logits)
+    return dataclasses.replace(env, logits=logits)
+
+
 class BehaviourConfig(Frozen):
     """How μ is moved away from π, and the divergence ``targets`` to sweep.
 
@@ -357,7 +415,8 @@ class BehaviourConfig(Frozen):
     ``"sequence"`` (token MDP; on the bandit T = 1 and both coincide: μ =
     ``shifts.dial(π, target, ...)``). Token MDP only: ``aggregate`` (``"each"``/``"average"``),
     ``fraction`` and ``select_seed`` (a concentrated profile), as in
-    :class:`simkit.envs.BehaviourSpec`.
+    :class:`simkit.envs.BehaviourSpec`. ``old`` (a table, :class:`OldConfig`): π_old a few
+    policy-gradient steps behind π; the targets are then D(π_old‖μ), the inference-mismatch leg.
     """
 
     table: ClassVar[str] = "behaviour"
@@ -374,6 +433,7 @@ class BehaviourConfig(Frozen):
     aggregate: Literal[AGGREGATES] | None = None
     fraction: Annotated[StrictFloat, Field(gt=0.0, le=1.0)] | None = None
     select_seed: NonNegInt = 0
+    old: OldConfig | None = None
 
     @model_validator(mode="after")
     def _check(self):
@@ -401,9 +461,18 @@ class BehaviourConfig(Frozen):
             family_params=self.family_params,
         )
 
-    def build(self, env, target: float) -> np.ndarray:
+    def build_old(self, env) -> np.ndarray | None:
+        """π_old for ``env`` (None without an ``old`` table: π_old = π)."""
+        return None if self.old is None else self.old.build(env)
+
+    def build(self, env, target: float, old: np.ndarray | None = None) -> np.ndarray:
         """μ for ``env`` at one target: :func:`simkit.shifts.dial` of the bandit's π, or the
-        :class:`~simkit.envs.BehaviourSpec` built on a token MDP (ValueError if unreachable)."""
+        :class:`~simkit.envs.BehaviourSpec` built on a token MDP (ValueError if unreachable).
+        With an ``old`` table μ is dialed from π_old instead (``old``: π_old if already built,
+        else :meth:`build_old`)."""
+        if self.old is not None:
+            old = self.build_old(env) if old is None else old
+            env = served_environment(env, old)
         if isinstance(env, Bandit):
             return shifts.dial(
                 env.pi,
@@ -426,6 +495,8 @@ class BehaviourConfig(Frozen):
         d["family_params"] = dict(self.family_params)
         if not d["family_params"]:
             del d["family_params"]
+        if self.old is not None:
+            d["old"] = self.old.to_dict()
         return plain(d)
 
 
@@ -728,9 +799,14 @@ class SweepConfig(Frozen):
         lengths = self.environment.lengths
         for T in lengths:
             env = self.environment.build(T)
+            try:
+                old = self.behaviour.build_old(env)
+            except ValueError as exc:
+                at = f"behaviour.old (T = {T})" if len(lengths) > 1 else "behaviour.old"
+                raise ConfigError(f"{at}: {exc}") from None
             for target in self.behaviour.targets:
                 try:
-                    self.behaviour.build(env, target)
+                    self.behaviour.build(env, target, old)
                 except ValueError as exc:
                     at = f"behaviour.targets (T = {T})" if len(lengths) > 1 else "behaviour.targets"
                     raise ConfigError(f"{at}: {exc}") from None
