@@ -65,7 +65,9 @@ class _Batch:
     def count_outside(self, inside: torch.Tensor) -> torch.Tensor:
         """Number of 0 entries of the 0/1 float ``inside`` (N, T), which must be 1 on every
         padded position (a band that contains r = 1): the clipped valid tokens."""
-        return inside.numel() - inside.sum(dtype=torch.float64)
+        # a float32 sum of 0/1 is exact up to 2^24 entries (and 5x faster than float64 here)
+        exact = inside.numel() <= 2**24 or inside.dtype == torch.float64
+        return inside.numel() - inside.sum(dtype=None if exact else torch.float64)
 
     def count_rows(self, clipped: torch.Tensor) -> torch.Tensor:
         """Number of valid tokens in the rows flagged by ``clipped`` (N,) bool."""

@@ -165,13 +165,9 @@ def policy_loss(
             f"unknown denominator {denominator!r}; valid denominators: {', '.join(DENOMINATORS)}"
         )
     lp, old, mask, adv, dtype = _check_inputs(log_prob, old_log_prob, advantages, response_mask)
-    lengths = mask.sum(dim=1)
-    full = int(lengths.sum()) == mask.numel()  # no padding: no mask multiplications
-    lengths = lengths.to(dtype)
-    if full:  # (a fill is several times cheaper than the bool → float cast)
-        maskf = torch.ones(mask.shape, dtype=dtype, device=mask.device)
-    else:
-        maskf = mask.view(torch.uint8).to(dtype)  # (a bool → float cast is slower)
+    maskf = mask.view(torch.uint8).to(dtype)  # (a bool → float cast is several times slower)
+    lengths = maskf.sum(dim=1)
+    full = int(lengths.sum(dtype=torch.float64)) == mask.numel()  # no padding: no mask products
     inv_z = _inverse_z(lengths, mask.shape[1], agg, max_length)
     surrogate = FORMS[mapping.name] == SURROGATE
     lp = lp.to(dtype)
