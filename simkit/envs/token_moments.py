@@ -451,6 +451,8 @@ def composed_dp_applies(
 ) -> str:
     """'' if :func:`composed_moments` applies (a composed estimator of
     :mod:`simkit.composition` on ``env``), else why not."""
+    if denominator != "valid":
+        return f"denominator {denominator!r} divides by the kept tokens (a random Z)"
     if correction is None:
         return dp_applies(env, mapping, aggregation)
     if mode == "trl_vespo":
@@ -458,8 +460,6 @@ def composed_dp_applies(
     why = dp_applies(env, mapping, aggregation)
     if why:
         return why
-    if denominator != "valid":
-        return f"denominator {denominator!r} divides by the kept tokens (a random Z)"
     if _factor(correction) is None:
         return (
             f"correction {correction.name!r} is not a per-token or product-form factor "
