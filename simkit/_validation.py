@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import os
 import tempfile
@@ -46,6 +47,32 @@ def check_seed(seed, name: str = "seed"):
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise ValueError(f"{name} must be a non-negative integer, got {seed!r}")
     return int(seed)
+
+
+def int_at_least(value, name: str, low: int) -> int:
+    """``value`` as an int >= ``low`` (bools refused); ``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+def positive_int(value, name: str) -> int:
+    """``value`` as an int >= 1 (bools refused): "``name`` must be a positive integer"."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def check_hyperparameters(cls, hyperparams, what: str) -> None:
+    """``TypeError`` if a key of ``hyperparams`` is not a field of the dataclass ``cls``, naming
+    ``what`` (``"mapping 'ppo_clip'"``…), the unknown keys and the valid ones."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(hyperparams) - fields
+    if unknown:
+        raise TypeError(
+            f"{what} has no hyperparameter {sorted(unknown)}; "
+            f"its hyperparameters are {sorted(fields) or 'none'}"
+        )
 
 
 def _first_bad(bad: np.ndarray) -> tuple[int, ...]:

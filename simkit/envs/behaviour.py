@@ -289,11 +289,7 @@ def _solve_shared_strength(value_of, pi, mask, fam, target: float, name: str):
             value_at, target, grid[: len(values)], np.asarray(values)
         )
     except shifts.Unreachable as exc:
-        detail = f" ({exc.detail})" if exc.detail else ""
-        raise ValueError(
-            f"target {name} = {target:.6g} is not reachable with family {fam.label!r}{where}: "
-            f"the largest reachable value is {exc.best:.6g}{detail}"
-        ) from None
+        raise exc.as_error(name, target, fam, where) from None
     mu = mu_at(s_star)
     achieved = value_of(mu)
     if not abs(achieved - target) <= SEQ_RTOL * target:

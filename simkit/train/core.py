@@ -75,6 +75,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from simkit._validation import int_at_least
 from simkit.envs.token_mdp import TokenMDP
 from simkit.train.checkpoints import (
     CHECKPOINT_FILE,
@@ -92,7 +93,7 @@ from simkit.train.checkpoints import (
     save_checkpoint,
     write_chunk,
 )
-from simkit.train.hyperparameters import GRADIENTS, TrainConfig, config_dict, int_at_least
+from simkit.train.hyperparameters import GRADIENTS, TrainConfig, config_dict
 from simkit.train.records import COLUMNS, records_table
 from simkit.train.rollout import (
     check_seed,
@@ -176,10 +177,10 @@ def train(
             f"TrainConfig.batch = {config.batch} gives {config.batch // group_size_of(config)} "
             f"group(s) per rollout for {K} prompts: every prompt needs at least one group"
         )
-    chunk_steps = int_at_least("train", "chunk_steps", chunk_steps, 1)
+    chunk_steps = int_at_least(chunk_steps, "train.chunk_steps", 1)
     end = config.steps
     if stop_after is not None:
-        end = min(int_at_least("train", "stop_after", stop_after, 1), config.steps)
+        end = min(int_at_least(stop_after, "train.stop_after", 1), config.steps)
     if config.mismatch.spike_prob > 0 and config.mismatch.spike_tokens >= env.V:
         raise ValueError(
             f"mismatch.spike_tokens = {config.mismatch.spike_tokens} must be < V = {env.V}"
