@@ -44,23 +44,25 @@ def check_seed(seed, name: str = "seed"):
     ``name`` otherwise (numpy's own message, "expected non-negative integer", names nothing)."""
     if seed is None or isinstance(seed, np.random.SeedSequence | np.random.Generator):
         return seed
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {seed!r}")
-    return int(seed)
+    return nonnegative_int(seed, name)
 
 
-def int_at_least(value, name: str, low: int) -> int:
-    """``value`` as an int >= ``low`` (bools refused); ``ValueError`` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+def int_at_least(value, name: str, low: int, what: str | None = None) -> int:
+    """``value`` as an int >= ``low`` (bools refused); ``ValueError`` "``name`` must be
+    ``what`` (default: an integer >= ``low``), got …"."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"{name} must be {what or f'an integer >= {low}'}, got {value!r}")
     return int(value)
 
 
 def positive_int(value, name: str) -> int:
-    """``value`` as an int >= 1 (bools refused): "``name`` must be a positive integer"."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
+    """``value`` as an int >= 1: "``name`` must be a positive integer"."""
+    return int_at_least(value, name, 1, "a positive integer")
+
+
+def nonnegative_int(value, name: str) -> int:
+    """``value`` as an int >= 0: "``name`` must be a non-negative integer"."""
+    return int_at_least(value, name, 0, "a non-negative integer")
 
 
 def check_hyperparameters(cls, hyperparams, what: str) -> None:

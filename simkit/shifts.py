@@ -38,7 +38,7 @@ import numpy as np
 from scipy.optimize import brentq
 
 from simkit import divergence as _div
-from simkit._validation import as_prob, check_hyperparameters
+from simkit._validation import as_prob, check_hyperparameters, nonnegative_int, positive_int
 
 __all__ = [
     "DIVERGENCES",
@@ -250,8 +250,7 @@ class LogitNoise(ShiftFamily):
     scan_cap = 1e12
 
     def __post_init__(self):
-        if not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+        nonnegative_int(self.seed, "seed")
 
     def direction(self, V: int) -> np.ndarray:
         """The noise direction z of shape (V,)."""
@@ -377,8 +376,7 @@ class Tail(ShiftFamily):
     scan_cap = 1e4
 
     def __post_init__(self):
-        if not isinstance(self.n_tokens, (int, np.integer)) or self.n_tokens < 1:
-            raise ValueError(f"n_tokens must be a positive integer, got {self.n_tokens!r}")
+        positive_int(self.n_tokens, "n_tokens")
 
     def check_rows(self, p):
         _require_support_larger(p, int(self.n_tokens), "n_tokens")

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simkit import shifts
-from simkit._validation import as_prob
+from simkit._validation import as_prob, nonnegative_int
 
 __all__ = [
     "AGGREGATES",
@@ -242,8 +242,7 @@ def random_states(env, fraction: float, seed: int = 0) -> np.ndarray:
         isinstance(fraction, (int, float)) and 0.0 < fraction <= 1.0
     ):
         raise ValueError(f"fraction must be a number in (0, 1], got {fraction!r}")
-    if not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    nonnegative_int(seed, "seed")
     pi = _policy_of(env)
     reachable = np.flatnonzero(row_weights(env, pi) > 0)
     k = max(1, round(fraction * reachable.size))
@@ -509,10 +508,7 @@ class BehaviourSpec:
             or not (isinstance(self.fraction, (int, float)) and 0.0 < self.fraction <= 1.0)
         ):
             raise ValueError(f"fraction must be None or a number in (0, 1], got {self.fraction!r}")
-        if not isinstance(self.select_seed, (int, np.integer)) or self.select_seed < 0:
-            raise ValueError(
-                f"select_seed must be a non-negative integer, got {self.select_seed!r}"
-            )
+        nonnegative_int(self.select_seed, "select_seed")
 
     @property
     def family_kwargs(self) -> dict:

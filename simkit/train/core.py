@@ -75,7 +75,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from simkit._validation import int_at_least
+from simkit._validation import int_at_least, nonnegative_int
 from simkit.envs.token_mdp import TokenMDP
 from simkit.train.checkpoints import (
     CHECKPOINT_FILE,
@@ -96,7 +96,6 @@ from simkit.train.checkpoints import (
 from simkit.train.hyperparameters import GRADIENTS, TrainConfig, config_dict
 from simkit.train.records import COLUMNS, records_table
 from simkit.train.rollout import (
-    check_seed,
     group_size_of,
     initial_state,
     new_rollout,
@@ -170,7 +169,7 @@ def train(
         raise TypeError(f"env must be a TokenMDP or Prompts, got {type(env).__name__}")
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
-    seed = check_seed(seed)
+    seed = nonnegative_int(seed, "seed")
     K = len(as_prompts(env))
     if K > 1 and config.batch // group_size_of(config) < K:
         raise ValueError(
