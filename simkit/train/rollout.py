@@ -173,6 +173,7 @@ def new_rollout(
 
 
 def group_size_of(config: TrainConfig) -> int:
+    """Rows per group of the rollout: the estimator's G for a group advantage, else 1."""
     est = config.estimator
     return est.group_size if est.advantage in GROUP_ADVANTAGES else 1
 
