@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import os
 import tempfile
@@ -43,9 +44,37 @@ def check_seed(seed, name: str = "seed"):
     ``name`` otherwise (numpy's own message, "expected non-negative integer", names nothing)."""
     if seed is None or isinstance(seed, np.random.SeedSequence | np.random.Generator):
         return seed
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {seed!r}")
-    return int(seed)
+    return nonnegative_int(seed, name)
+
+
+def int_at_least(value, name: str, low: int, what: str | None = None) -> int:
+    """``value`` as an int >= ``low`` (bools refused); ``ValueError`` "``name`` must be
+    ``what`` (default: an integer >= ``low``), got …"."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"{name} must be {what or f'an integer >= {low}'}, got {value!r}")
+    return int(value)
+
+
+def positive_int(value, name: str) -> int:
+    """``value`` as an int >= 1: "``name`` must be a positive integer"."""
+    return int_at_least(value, name, 1, "a positive integer")
+
+
+def nonnegative_int(value, name: str) -> int:
+    """``value`` as an int >= 0: "``name`` must be a non-negative integer"."""
+    return int_at_least(value, name, 0, "a non-negative integer")
+
+
+def check_hyperparameters(cls, hyperparams, what: str) -> None:
+    """``TypeError`` if a key of ``hyperparams`` is not a field of the dataclass ``cls``, naming
+    ``what`` (``"mapping 'ppo_clip'"``…), the unknown keys and the valid ones."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(hyperparams) - fields
+    if unknown:
+        raise TypeError(
+            f"{what} has no hyperparameter {sorted(unknown)}; "
+            f"its hyperparameters are {sorted(fields) or 'none'}"
+        )
 
 
 def _first_bad(bad: np.ndarray) -> tuple[int, ...]:

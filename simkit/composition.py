@@ -36,7 +36,7 @@ import math
 
 import numpy as np
 
-from simkit.mappings import Mapping, get
+from simkit.mappings import Mapping, as_mapping
 
 MODES = ("decoupled", "bypass", "trl_vespo")
 DENOMINATORS = ("valid", "kept")
@@ -74,13 +74,7 @@ def check_correction(mapping: Mapping, correction, mode: str, denominator: str):
         if mode == "trl_vespo":
             raise ValueError("mode 'trl_vespo' needs a correction (tis_token or mis_token)")
         return None
-    if isinstance(correction, str):
-        correction = get(correction)
-    elif not isinstance(correction, Mapping):
-        raise TypeError(
-            f"correction must be a simkit.mappings.Mapping, a mapping name or None, "
-            f"got {type(correction).__name__}"
-        )
+    correction = as_mapping(correction, "correction", none=True)
     if correction.name in SURROGATE_MAPPINGS:
         raise ValueError(
             f"correction {correction.name!r} is a surrogate loss, not a detached weight; "

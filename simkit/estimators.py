@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from simkit import composition
-from simkit.mappings import Mapping, get
+from simkit._validation import int_at_least, positive_int
+from simkit.mappings import Mapping, as_mapping
 
 AGGREGATIONS = (
     "token-mean",
@@ -125,13 +126,7 @@ def advantages(
 def _check_group_size(group_size, kind: str) -> int:
     if group_size is None:
         raise ValueError(f"advantage {kind!r} needs a group_size G (>= 2)")
-    if (
-        isinstance(group_size, bool)
-        or not isinstance(group_size, int | np.integer)
-        or group_size < 2
-    ):
-        raise ValueError(f"group_size must be an integer >= 2, got {group_size!r}")
-    return int(group_size)
+    return int_at_least(group_size, "group_size", 2)
 
 
 # --- aggregation ----------------------------------------------------------------------------
@@ -177,7 +172,7 @@ def aggregation_weights(mask, mode: str, max_length: int | None = None) -> np.nd
     elif mode == "seq-mean-token-sum":
         inv_z = np.array(1.0 / N)
     else:
-        L_max = T if max_length is None else _check_max_length(max_length)
+        L_max = T if max_length is None else positive_int(max_length, "max_length")
         longest = int(lengths.max()) if lengths.size else 0
         if longest > L_max:
             raise ValueError(
@@ -186,16 +181,6 @@ def aggregation_weights(mask, mode: str, max_length: int | None = None) -> np.nd
             )
         inv_z = np.array(1.0 / (N * L_max))
     return np.where(m, inv_z, 0.0)
-
-
-def _check_max_length(max_length) -> int:
-    if (
-        isinstance(max_length, bool)
-        or not isinstance(max_length, int | np.integer)
-        or max_length < 1
-    ):
-        raise ValueError(f"max_length must be a positive integer, got {max_length!r}")
-    return int(max_length)
 
 
 # --- the estimator --------------------------------------------------------------------------
@@ -253,14 +238,7 @@ class Estimator:
     seed: int = 0
 
     def __post_init__(self):
-        mapping = self.mapping
-        if isinstance(mapping, str):
-            mapping = get(mapping)
-        elif not isinstance(mapping, Mapping):
-            raise TypeError(
-                f"mapping must be a simkit.mappings.Mapping or a mapping name, "
-                f"got {type(mapping).__name__}"
-            )
+        mapping = as_mapping(self.mapping)
         object.__setattr__(self, "mapping", mapping)
         correction = composition.check_correction(
             mapping, self.correction, self.mode, self.denominator
@@ -292,7 +270,7 @@ class Estimator:
                     "max_length applies to aggregation 'seq-mean-token-sum-norm' only, "
                     f"not {self.aggregation!r}"
                 )
-            object.__setattr__(self, "max_length", _check_max_length(self.max_length))
+            object.__setattr__(self, "max_length", positive_int(self.max_length, "max_length"))
         if not isinstance(self.name, str):
             raise TypeError(f"name must be a string, got {type(self.name).__name__}")
         if not self.name:
@@ -522,6 +500,22 @@ class Estimator:
         b = self.baseline(batch.J, batch.J_mu) if self.advantage in ORACLE_ADVANTAGES else None
         lam = self.token_weights(batch.log_ratio, batch.mask, batch.rewards, b)
         return env.accumulate(batch.actions, lam)
+
+
+def as_estimators(estimators) -> list[Estimator]:
+    """A non-empty list of estimators with distinct names from one estimator spec (an
+    :class:`Estimator`, a mapping or a mapping name) or an iterable of them (each coerced with
+    :func:`as_estimator`); ``ValueError`` naming the repeated names otherwise."""
+    if isinstance(estimators, Estimator | str) or not hasattr(estimators, "__iter__"):
+        estimators = [estimators]
+    ests = [as_estimator(e) for e in estimators]
+    if not ests:
+        raise ValueError("estimators is empty")
+    names = [e.name for e in ests]
+    dup = sorted({x for x in names if names.count(x) > 1})
+    if dup:
+        raise ValueError(f"estimator names must be distinct; repeated: {dup} (set name=...)")
+    return ests
 
 
 def as_estimator(spec) -> Estimator:

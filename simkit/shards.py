@@ -8,7 +8,8 @@ a careless disk can still tear one, so a resume verifies every shard it would sk
 number of rows) and :func:`check_shards` deletes the damaged ones for recomputation.
 :func:`read_shard` turns an unreadable shard into a :class:`DamagedShardError` naming the file
 and what to do; :func:`write_table` writes any table file (``simkit run --out``, reports) the
-same atomic way.
+same atomic way, through :func:`atomic_write` (also used for a sweep's ``config.toml`` and a
+training run's checkpoints and chunks).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 import pandas as pd
 
@@ -93,6 +96,26 @@ def read_shard(path, key: str | None = None) -> pd.DataFrame:
         ) from None
 
 
+def atomic_write(path, write: Callable[[BinaryIO], object]) -> Path:
+    """Write ``path`` atomically: ``write(fh)`` into ``<name>.tmp-<random>`` in the same
+    directory, flush, fsync, then ``os.replace`` (atomic on POSIX and Windows); the temporary
+    file is removed if anything fails. A reader, or a resume after a crash, sees the previous
+    file or the complete new one, never a part. Returns ``path``."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}{TMP_MARKER}{uuid.uuid4().hex[:12]}")
+    try:
+        with open(tmp, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return path
+
+
 def write_shard(table: pd.DataFrame, out_dir, key: str) -> Path:
     """Write ``table`` as ``cells/<key>.parquet`` atomically; return the path.
 
@@ -102,17 +125,7 @@ def write_shard(table: pd.DataFrame, out_dir, key: str) -> Path:
     """
     final = shard_path(out_dir, key)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f"{final.name}{TMP_MARKER}{uuid.uuid4().hex[:12]}")
-    try:
-        with open(tmp, "wb") as fh:
-            table.to_parquet(fh, index=False, engine="pyarrow")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
+    atomic_write(final, lambda fh: table.to_parquet(fh, index=False, engine="pyarrow"))
     fsync_dir(final.parent)
     return final
 
@@ -121,21 +134,14 @@ def write_table(table: pd.DataFrame, path) -> Path:
     """Write ``table`` to ``path`` (``.csv``, else parquet) atomically, as :func:`write_shard`
     does: a killed process leaves the previous file or the complete new one, never a part."""
     path = Path(path)
-    tmp = path.with_name(f"{path.name}{TMP_MARKER}{uuid.uuid4().hex[:12]}")
-    try:
-        with open(tmp, "wb") as fh:
-            if path.suffix == ".csv":
-                fh.write(table.to_csv(index=False).encode("utf-8"))
-            else:
-                table.to_parquet(fh, index=False, engine="pyarrow")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    return path
+
+    def write(fh):
+        if path.suffix == ".csv":
+            fh.write(table.to_csv(index=False).encode("utf-8"))
+        else:
+            table.to_parquet(fh, index=False, engine="pyarrow")
+
+    return atomic_write(path, write)
 
 
 def fsync_dir(path: Path) -> None:

@@ -38,7 +38,7 @@ import numpy as np
 from scipy.optimize import brentq
 
 from simkit import divergence as _div
-from simkit._validation import as_prob
+from simkit._validation import as_prob, check_hyperparameters, nonnegative_int, positive_int
 
 __all__ = [
     "DIVERGENCES",
@@ -132,17 +132,7 @@ class ShiftFamily:
         """μ for each row of ``pi`` (…, V); ``strength`` is a scalar or of shape (…)."""
         p = as_prob(pi, "pi")
         batch = p.shape[:-1]
-        s = np.asarray(strength, dtype=np.float64)
-        try:
-            s = np.broadcast_to(s, batch)
-        except ValueError:
-            raise ValueError(
-                f"strength must be a scalar or of pi's batch shape {batch}, got shape {s.shape}"
-            ) from None
-        if not np.all(np.isfinite(s)) or np.any(s < 0):
-            raise ValueError(
-                f"strength of family {self.name!r} must be finite and >= 0, got {strength!r}"
-            )
+        s = _per_row(strength, batch, "strength", f"strength of family {self.name!r}")
         p2 = p.reshape(-1, p.shape[-1])
         s2 = s.reshape(-1)
         self.check_rows(p2)
@@ -201,13 +191,7 @@ def get(name: str, **hyperparams) -> ShiftFamily:
         raise KeyError(
             f"unknown shift family {name!r}; available families: {', '.join(available())}"
         ) from None
-    fields = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(hyperparams) - fields
-    if unknown:
-        raise TypeError(
-            f"shift family {name!r} has no hyperparameter {sorted(unknown)}; "
-            f"its hyperparameters are {sorted(fields) or 'none'}"
-        )
+    check_hyperparameters(cls, hyperparams, f"shift family {name!r}")
     return cls(**hyperparams)
 
 
@@ -266,8 +250,7 @@ class LogitNoise(ShiftFamily):
     scan_cap = 1e12
 
     def __post_init__(self):
-        if not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+        nonnegative_int(self.seed, "seed")
 
     def direction(self, V: int) -> np.ndarray:
         """The noise direction z of shape (V,)."""
@@ -298,9 +281,22 @@ class Mixture(ShiftFamily):
         return (1.0 - lam) * p + lam / p.shape[-1]
 
 
+@dataclass(frozen=True)
+class _Truncation(ShiftFamily):
+    """A family that cuts π's least likely tokens (χ² and KL(π‖μ) infinite once one is cut);
+    ``fractional``: the boundary token keeps part of its mass, so μ is continuous in s."""
+
+    fractional: bool = True
+    cuts_support = True
+
+    def __post_init__(self):
+        if not isinstance(self.fractional, (bool, np.bool_)):
+            raise ValueError(f"fractional must be a bool, got {self.fractional!r}")
+
+
 @register
 @dataclass(frozen=True)
-class TopP(ShiftFamily):
+class TopP(_Truncation):
     """Nucleus (top-p) truncation: μ = π on its most likely tokens of total mass p = 1 − s,
     renormalised (Holtzman et al. 2020, "The curious case of neural text degeneration").
 
@@ -312,13 +308,7 @@ class TopP(ShiftFamily):
     keeps only the most likely token. χ² and KL(π‖μ) are infinite once a token is cut.
     """
 
-    fractional: bool = True
     name = "top_p"
-    cuts_support = True
-
-    def __post_init__(self):
-        if not isinstance(self.fractional, (bool, np.bool_)):
-            raise ValueError(f"fractional must be a bool, got {self.fractional!r}")
 
     def max_strength(self, pi_row):
         return 1.0
@@ -344,7 +334,7 @@ class TopP(ShiftFamily):
 
 @register
 @dataclass(frozen=True)
-class TopK(ShiftFamily):
+class TopK(_Truncation):
     """Top-k truncation: μ = π without its s least likely tokens (k = n_support − s kept),
     renormalised.
 
@@ -355,13 +345,7 @@ class TopK(ShiftFamily):
     are infinite once a token is cut.
     """
 
-    fractional: bool = True
     name = "top_k"
-    cuts_support = True
-
-    def __post_init__(self):
-        if not isinstance(self.fractional, (bool, np.bool_)):
-            raise ValueError(f"fractional must be a bool, got {self.fractional!r}")
 
     def max_strength(self, pi_row):
         return float(np.count_nonzero(pi_row > 0) - 1)
@@ -392,8 +376,7 @@ class Tail(ShiftFamily):
     scan_cap = 1e4
 
     def __post_init__(self):
-        if not isinstance(self.n_tokens, (int, np.integer)) or self.n_tokens < 1:
-            raise ValueError(f"n_tokens must be a positive integer, got {self.n_tokens!r}")
+        positive_int(self.n_tokens, "n_tokens")
 
     def check_rows(self, p):
         _require_support_larger(p, int(self.n_tokens), "n_tokens")
@@ -474,6 +457,15 @@ class Unreachable(Exception):
         self.best = best
         self.detail = detail
 
+    def as_error(self, name: str, target: float, family: ShiftFamily, where: str = ""):
+        """The ``ValueError`` of a dial that cannot reach ``name`` = ``target`` with ``family``
+        (``where``: which rows, appended to the family's label)."""
+        detail = f" ({self.detail})" if self.detail else ""
+        return ValueError(
+            f"target {name} = {target:.6g} is not reachable with family {family.label!r}{where}: "
+            f"the largest reachable value is {self.best:.6g}{detail}"
+        )
+
 
 def _brent(fun, lo: float, hi: float) -> float:
     """Root of ``fun`` on [lo, hi] (values of opposite signs at the ends), full precision."""
@@ -532,17 +524,23 @@ def resolve_family(family, family_kwargs) -> ShiftFamily:
     return get(family, **family_kwargs)
 
 
-def _targets(target, batch: tuple, name: str) -> np.ndarray:
-    t = np.asarray(target, dtype=np.float64)
+def _per_row(value, batch: tuple, name: str, label: str | None = None) -> np.ndarray:
+    """``value`` (a scalar or one per row) broadcast to pi's ``batch`` shape, finite and >= 0;
+    ``ValueError`` naming ``name`` (``label`` in the range message, default ``name``)."""
+    v = np.asarray(value, dtype=np.float64)
     try:
-        t = np.broadcast_to(t, batch)
+        v = np.broadcast_to(v, batch)
     except ValueError:
         raise ValueError(
-            f"{name} must be a scalar or of pi's batch shape {batch}, got shape {t.shape}"
+            f"{name} must be a scalar or of pi's batch shape {batch}, got shape {v.shape}"
         ) from None
-    if not np.all(np.isfinite(t)) or np.any(t < 0):
-        raise ValueError(f"{name} must be finite and >= 0, got {target!r}")
-    return t.reshape(-1)
+    if not np.all(np.isfinite(v)) or np.any(v < 0):
+        raise ValueError(f"{label or name} must be finite and >= 0, got {value!r}")
+    return v
+
+
+def _targets(target, batch: tuple, name: str) -> np.ndarray:
+    return _per_row(target, batch, name).reshape(-1)
 
 
 def _row_label(batch: tuple, i: int) -> str:
@@ -610,11 +608,7 @@ def dial(
         try:
             s_star = solve_increasing_crossing(value_at, t, grid, grid_values)
         except Unreachable as exc:
-            detail = f" ({exc.detail})" if exc.detail else ""
-            raise ValueError(
-                f"target {sym} = {t:.6g} is not reachable with family {fam.label!r} from this "
-                f"π{_row_label(batch, i)}: the largest reachable value is {exc.best:.6g}{detail}"
-            ) from None
+            raise exc.as_error(sym, t, fam, f" from this π{_row_label(batch, i)}") from None
         achieved = value_at(s_star)
         if not abs(achieved - t) <= DIAL_RTOL * t:
             step = 1e-9 * max(s_star, 1e-12)

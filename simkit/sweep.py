@@ -62,6 +62,7 @@ from simkit.shards import (
     TMP_MARKER,
     DamagedShardError,
     SweepError,
+    atomic_write,
     check_shards,
     expected_rows,
     finished_keys,
@@ -307,17 +308,7 @@ def _prepare_directory(out_dir: Path, config, source: bytes | None) -> None:
         )
     out_dir.mkdir(parents=True, exist_ok=True)
     data = source if source is not None else _config.to_toml(config).encode()
-    tmp = stored.with_name(f"{CONFIG_FILE}{TMP_MARKER}{uuid.uuid4().hex[:12]}")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, stored)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
+    atomic_write(stored, lambda fh: fh.write(data))
     fsync_dir(out_dir)
 
 

@@ -49,10 +49,3 @@ def check_index(value, name: str, upper: int, what: str) -> int:
     if not 0 <= value < upper:
         raise ValueError(f"{name} must be {what} in [0, {upper}), got {value}")
     return int(value)
-
-
-def positive_int(value, name: str) -> int:
-    """An integer >= 1 (bools refused)."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)

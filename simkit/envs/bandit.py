@@ -23,22 +23,11 @@ import numpy as np
 from scipy.special import ndtr
 
 from simkit import divergence
-from simkit._validation import as_prob
+from simkit._validation import as_prob, positive_int
+from simkit.envs._checks import readonly, safe_log
 
 REWARD_KINDS = ("bernoulli", "gaussian")
 _SQRT_2PI = math.sqrt(2.0 * math.pi)
-
-
-def _readonly(a: np.ndarray) -> np.ndarray:
-    a = np.array(a, dtype=np.float64, copy=True)
-    a.setflags(write=False)
-    return a
-
-
-def _safe_log(p: np.ndarray) -> np.ndarray:
-    """log p with log 0 = −inf (no warning)."""
-    with np.errstate(divide="ignore"):
-        return np.log(p)
 
 
 @dataclass(frozen=True, eq=False)
@@ -169,12 +158,12 @@ class Bandit:
                 )
             if not np.all(np.isfinite(std)) or np.any(std <= 0):
                 raise ValueError("reward_std must be finite and > 0 for every arm")
-            std = _readonly(std)
+            std = readonly(std)
         shifted = np.exp(logits - logits.max())
-        object.__setattr__(self, "logits", _readonly(logits))
-        object.__setattr__(self, "means", _readonly(means))
+        object.__setattr__(self, "logits", readonly(logits))
+        object.__setattr__(self, "means", readonly(means))
         object.__setattr__(self, "reward_std", std)
-        object.__setattr__(self, "_pi", _readonly(shifted / shifted.sum()))
+        object.__setattr__(self, "_pi", readonly(shifted / shifted.sum()))
 
     # --- oracle quantities ---------------------------------------------------------------
 
@@ -219,7 +208,7 @@ class Bandit:
     def log_ratio(self, mu) -> np.ndarray:
         """log π_k − log μ_k per arm, shape (K,); +inf where μ_k = 0."""
         mu = self.check_policy(mu)
-        return np.log(self.pi) - _safe_log(mu)
+        return np.log(self.pi) - safe_log(mu)
 
     def divergences(self, mu) -> dict[str, float]:
         """χ², KL, TV of π from μ (``simkit.divergence``); with T = 1 token = sequence level.
@@ -279,8 +268,8 @@ class Bandit:
         mu = self.check_policy(mu)
         if not isinstance(rng, np.random.Generator):
             raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
-        n = _positive_int(n, "n")
-        shape = (n,) if reps is None else (_positive_int(reps, "reps"), n)
+        n = positive_int(n, "n")
+        shape = (n,) if reps is None else (positive_int(reps, "reps"), n)
         actions = rng.choice(self.K, size=shape, p=mu)
         if self.reward == "bernoulli":
             rewards = (rng.random(shape) < self.means[actions]).astype(np.float64)
@@ -350,9 +339,3 @@ class Bandit:
             log_ratio=log_ratio[:, None],
             mask=np.ones((actions.shape[0], 1), dtype=bool),
         )
-
-
-def _positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)

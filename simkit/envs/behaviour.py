@@ -56,7 +56,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simkit import shifts
-from simkit._validation import as_prob
+from simkit._validation import as_prob, nonnegative_int
 
 __all__ = [
     "AGGREGATES",
@@ -242,8 +242,7 @@ def random_states(env, fraction: float, seed: int = 0) -> np.ndarray:
         isinstance(fraction, (int, float)) and 0.0 < fraction <= 1.0
     ):
         raise ValueError(f"fraction must be a number in (0, 1], got {fraction!r}")
-    if not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    nonnegative_int(seed, "seed")
     pi = _policy_of(env)
     reachable = np.flatnonzero(row_weights(env, pi) > 0)
     k = max(1, round(fraction * reachable.size))
@@ -289,11 +288,7 @@ def _solve_shared_strength(value_of, pi, mask, fam, target: float, name: str):
             value_at, target, grid[: len(values)], np.asarray(values)
         )
     except shifts.Unreachable as exc:
-        detail = f" ({exc.detail})" if exc.detail else ""
-        raise ValueError(
-            f"target {name} = {target:.6g} is not reachable with family {fam.label!r}{where}: "
-            f"the largest reachable value is {exc.best:.6g}{detail}"
-        ) from None
+        raise exc.as_error(name, target, fam, where) from None
     mu = mu_at(s_star)
     achieved = value_of(mu)
     if not abs(achieved - target) <= SEQ_RTOL * target:
@@ -513,10 +508,7 @@ class BehaviourSpec:
             or not (isinstance(self.fraction, (int, float)) and 0.0 < self.fraction <= 1.0)
         ):
             raise ValueError(f"fraction must be None or a number in (0, 1], got {self.fraction!r}")
-        if not isinstance(self.select_seed, (int, np.integer)) or self.select_seed < 0:
-            raise ValueError(
-                f"select_seed must be a non-negative integer, got {self.select_seed!r}"
-            )
+        nonnegative_int(self.select_seed, "select_seed")
 
     @property
     def family_kwargs(self) -> dict:

@@ -14,11 +14,19 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from simkit._memory import check_token_mdp
-from simkit._validation import check_seed
-from simkit.envs._checks import check_index, positive_int
+from simkit._validation import check_seed, positive_int
+from simkit.envs._checks import check_index
 
 if TYPE_CHECKING:
     from simkit.envs.token_mdp import TokenMDP
+
+
+def _token_other_than_eos(value, name: str, V: int, eos) -> int:
+    """A token in [0, V) that is not ``eos`` (the reward's token cannot end the sequence)."""
+    token = check_index(value, name, V, "a token")
+    if eos is not None and token == eos:
+        raise ValueError(f"{name} must differ from eos (both {eos})")
+    return token
 
 
 class TokenMDPConstructors:
@@ -26,11 +34,16 @@ class TokenMDPConstructors:
 
     @classmethod
     def _build(
-        cls, *, V, T, P, transition, policy_index, reward, eos, logits, seed, scale, stationary
+        cls, transition, policy_index, reward, T, eos, logits, seed, scale, stationary
     ) -> TokenMDP:
-        V = positive_int(V, "V")
+        """The token MDP of an automaton (``transition`` (S, V), ``policy_index`` (S,) with
+        P = max + 1 classes, ``reward`` (S,)) with ``logits`` (V,), (P, V) or (T, P, V) broadcast
+        over positions, or random ``scale``·N(0, 1) from ``seed`` (one (P, V) table for every
+        position when ``stationary``). ``eos`` ends a sequence and does not move the automaton."""
         T = positive_int(T, "T")
-        check_token_mdp(T, P, V, S=len(transition))  # before any (T, P, V) array is allocated
+        S, V = np.shape(transition)
+        P = int(np.max(policy_index)) + 1
+        check_token_mdp(T, P, V, S=S)  # before any (T, P, V) array is allocated
         if logits is None:
             if not (isinstance(scale, int | float) and math.isfinite(scale) and scale >= 0):
                 raise ValueError(f"scale must be a finite number >= 0, got {scale!r}")
@@ -76,25 +89,11 @@ class TokenMDPConstructors:
         (T, 1, V) are given. With ``eos`` the EOS token ends the sequence.
         """
         V = positive_int(V, "V")
-        answer = check_index(answer, "answer", V, "a token")
-        if eos is not None and answer == eos:
-            raise ValueError(f"answer must differ from eos (both {eos})")
+        answer = _token_other_than_eos(answer, "answer", V, eos)
         transition = np.zeros((2, V), dtype=np.int64)
         transition[0, answer] = 1
         transition[1, :] = 1
-        return cls._build(
-            V=V,
-            T=T,
-            P=1,
-            transition=transition,
-            policy_index=[0, 0],
-            reward=[0.0, 1.0],
-            eos=eos,
-            logits=logits,
-            seed=seed,
-            scale=scale,
-            stationary=stationary,
-        )
+        return cls._build(transition, [0, 0], [0.0, 1.0], T, eos, logits, seed, scale, stationary)
 
     @classmethod
     def markov(
@@ -115,26 +114,12 @@ class TokenMDPConstructors:
         Logits (V + 1, V) or (T, V + 1, V), or random as in :meth:`iid`.
         """
         V = positive_int(V, "V")
-        target = check_index(target, "target", V, "a token")
-        if eos is not None and target == eos:
-            raise ValueError(f"target must differ from eos (both {eos})")
+        target = _token_other_than_eos(target, "target", V, eos)
         S = V + 1
         transition = np.broadcast_to(1 + np.arange(V), (S, V))
         reward = np.zeros(S)
         reward[1 + target] = 1.0
-        return cls._build(
-            V=V,
-            T=T,
-            P=S,
-            transition=transition,
-            policy_index=np.arange(S),
-            reward=reward,
-            eos=eos,
-            logits=logits,
-            seed=seed,
-            scale=scale,
-            stationary=stationary,
-        )
+        return cls._build(transition, np.arange(S), reward, T, eos, logits, seed, scale, stationary)
 
     @classmethod
     def answer_correct(
@@ -154,23 +139,11 @@ class TokenMDPConstructors:
         wrong), each its own policy class (P = 3).
         """
         V = positive_int(V, "V")
-        answer = check_index(answer, "answer", V, "a token")
-        if eos is not None and answer == eos:
-            raise ValueError(f"answer must differ from eos (both {eos})")
+        answer = _token_other_than_eos(answer, "answer", V, eos)
         transition = np.full((3, V), 2, dtype=np.int64)
         transition[:, answer] = 1
         return cls._build(
-            V=V,
-            T=T,
-            P=3,
-            transition=transition,
-            policy_index=np.arange(3),
-            reward=[0.0, 1.0, 0.0],
-            eos=eos,
-            logits=logits,
-            seed=seed,
-            scale=scale,
-            stationary=stationary,
+            transition, np.arange(3), [0.0, 1.0, 0.0], T, eos, logits, seed, scale, stationary
         )
 
     @classmethod
@@ -195,27 +168,13 @@ class TokenMDPConstructors:
         k = positive_int(k, "k")
         if k > T:
             raise ValueError(f"k must be <= T = {T} (otherwise R = 0 always), got {k}")
-        hit = check_index(hit, "hit", V, "a token")
-        if eos is not None and hit == eos:
-            raise ValueError(f"hit must differ from eos (both {eos})")
+        hit = _token_other_than_eos(hit, "hit", V, eos)
         S = k + 1
         transition = np.repeat(np.arange(S)[:, None], V, axis=1)
         transition[:, hit] = np.minimum(np.arange(S) + 1, k)
         reward = np.zeros(S)
         reward[k] = 1.0
-        return cls._build(
-            V=V,
-            T=T,
-            P=S,
-            transition=transition,
-            policy_index=np.arange(S),
-            reward=reward,
-            eos=eos,
-            logits=logits,
-            seed=seed,
-            scale=scale,
-            stationary=stationary,
-        )
+        return cls._build(transition, np.arange(S), reward, T, eos, logits, seed, scale, stationary)
 
     @classmethod
     def parity(
@@ -242,15 +201,5 @@ class TokenMDPConstructors:
         transition = np.repeat(np.arange(2)[:, None], V, axis=1)
         transition[:, marked_ids] = 1 - np.arange(2)[:, None]
         return cls._build(
-            V=V,
-            T=T,
-            P=2,
-            transition=transition,
-            policy_index=np.arange(2),
-            reward=[0.0, 1.0],
-            eos=eos,
-            logits=logits,
-            seed=seed,
-            scale=scale,
-            stationary=stationary,
+            transition, np.arange(2), [0.0, 1.0], T, eos, logits, seed, scale, stationary
         )

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simkit.envs._checks import positive_int, safe_log
+from simkit._validation import positive_int
+from simkit.envs._checks import safe_log
 
 #: default largest number of sequences :meth:`TokenMDP.support` enumerates
 SUPPORT_BUDGET = 2**20

@@ -31,11 +31,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simkit._validation import as_prob
+from simkit._validation import as_prob, positive_int
 from simkit.envs._checks import (
     check_index,
     int_array,
-    positive_int,
     readonly,
     safe_log,
     softmax_readonly,

@@ -87,8 +87,8 @@ import pandas as pd
 
 from simkit import legs
 from simkit._memory import check_samples
-from simkit._validation import check_seed
-from simkit.estimators import Estimator, as_estimator
+from simkit._validation import check_seed, int_at_least
+from simkit.estimators import as_estimators
 from simkit.experiment.exact import (
     PARAMS,
     ExactMoments,
@@ -206,11 +206,11 @@ def run(
     expected number of draws in the tail carrying E c̄²; NaN on exact rows and where it cannot
     be computed).
     """
-    ests = _coerce_estimators(estimators)
+    ests = as_estimators(estimators)
     mu = env.check_policy(behaviour, "behaviour")
-    n = _int_at_least(n, 1, "n")
-    reps = _int_at_least(reps, 2, "reps")
-    n_boot = _int_at_least(n_boot, 10, "n_boot")
+    n = int_at_least(n, "n", 1)
+    reps = int_at_least(reps, "reps", 2)
+    n_boot = int_at_least(n_boot, "n_boot", 10)
     if not (isinstance(level, float | int) and 0 < level < 1):
         raise ValueError(f"level must be in (0, 1), got {level!r}")
     if exact not in ("auto", True, False):
@@ -289,20 +289,5 @@ def run(
     return tidy(rows, ests, list(setting))
 
 
-def _coerce_estimators(estimators) -> list[Estimator]:
-    if isinstance(estimators, Estimator | str) or not hasattr(estimators, "__iter__"):
-        estimators = [estimators]
-    ests = [as_estimator(e) for e in estimators]
-    if not ests:
-        raise ValueError("estimators is empty")
-    names = [e.name for e in ests]
-    dup = sorted({x for x in names if names.count(x) > 1})
-    if dup:
-        raise ValueError(f"estimator names must be distinct; repeated: {dup} (set name=...)")
-    return ests
-
-
-def _int_at_least(value, low: int, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    return int(value)
+#: the old private name (simkit.lm.exact uses it)
+_coerce_estimators = as_estimators

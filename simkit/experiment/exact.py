@@ -33,6 +33,7 @@ PARAMS = ("untied", "tied")
 
 
 def check_params(params) -> str:
+    """``params`` if it is one of :data:`PARAMS` (``ValueError`` naming it otherwise)."""
     if params not in PARAMS:
         raise ValueError(f"params must be one of {PARAMS}, got {params!r}")
     return params

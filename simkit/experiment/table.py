@@ -1,5 +1,8 @@
 """The columns of :func:`simkit.experiment.run`'s table: the estimator's description, the
 reserved names, and the tidy frame in its documented column order.
+
+:func:`describe` and the column tuples are shared with the LM gradient study
+(:func:`simkit.lm.study.gradient_study`), whose table has the same layout.
 """
 
 from __future__ import annotations
@@ -13,35 +16,48 @@ from simkit.estimators import Estimator
 from simkit.experiment.metrics import BOUNDED_METRICS
 
 DIVERGENCE_COLUMNS = ("chi2_tok", "kl_tok", "tv_tok", "chi2_seq", "kl_seq", "tv_seq")
-
-#: column names of the table (a setting key or a hyperparameter may not take them)
-RESERVED = (
+#: the columns that describe an estimator, first in the table
+ESTIMATOR_COLUMNS = (
     "estimator",
-    "correction",
-    "mode",
-    "denominator",
-    *legs.LEG_COLUMNS,
     "mapping",
     "aggregation",
     "advantage",
     "group_size",
     "adv_eps",
     "max_length",
-    "T",
-    "params",
-    "n",
-    "reps",
+)
+#: the columns of a composed estimator (present only when one is in the table)
+COMPOSITION_COLUMNS = ("correction", "mode", "denominator")
+#: every bounded metric followed by its bounds: ``bias``, ``bias_lo``, ``bias_hi``, …
+METRIC_COLUMNS = tuple(c for k in BOUNDED_METRICS for c in (k, f"{k}_lo", f"{k}_hi"))
+
+#: the size of the experiment, after the setting columns
+SIZE_COLUMNS = ("T", "params", "n", "reps")
+#: the last columns: k̂, the path, the reliability of a Monte Carlo row
+TAIL_COLUMNS = ("khat", "exact", "reliable", "tail_draws")
+
+#: column names of the table (a setting key or a hyperparameter may not take them)
+RESERVED = (
+    *ESTIMATOR_COLUMNS,
+    *COMPOSITION_COLUMNS,
+    *legs.LEG_COLUMNS,
+    *SIZE_COLUMNS,
     *DIVERGENCE_COLUMNS,
-    *BOUNDED_METRICS,
-    "khat",
-    "exact",
-    "reliable",
-    "tail_draws",
-    *(f"{k}_{s}" for k in BOUNDED_METRICS for s in ("lo", "hi")),
+    *METRIC_COLUMNS,
+    *TAIL_COLUMNS,
 )
 
 
-def describe(est: Estimator) -> dict:
+def hyperparameter_column(name: str, reserved=RESERVED) -> str:
+    """The column of mapping hyperparameter ``name``: ``hp_<name>`` if ``name`` is reserved."""
+    return "hp_" + name if name in reserved else name
+
+
+def describe(est: Estimator, reserved=RESERVED, composition: bool = True) -> dict:
+    """The columns of ``est``: :data:`ESTIMATOR_COLUMNS` (``group_size``, ``adv_eps`` and
+    ``max_length`` NaN where they do not apply), one per mapping hyperparameter
+    (:func:`hyperparameter_column` against ``reserved``) and, with ``composition``, those of
+    :func:`describe_composition`."""
     return {
         "estimator": est.name,
         "mapping": est.mapping.name,
@@ -50,8 +66,8 @@ def describe(est: Estimator) -> dict:
         "group_size": est.group_size if est.group_size is not None else math.nan,
         "adv_eps": est.adv_eps if est.advantage == "grpo" else math.nan,
         "max_length": est.max_length if est.max_length is not None else math.nan,
-        **{("hp_" + k if k in RESERVED else k): v for k, v in est.mapping.hyperparameters.items()},
-        **describe_composition(est),
+        **{hyperparameter_column(k, reserved): v for k, v in est.mapping.hyperparameters.items()},
+        **(describe_composition(est) if composition else {}),
     }
 
 
@@ -66,41 +82,21 @@ def describe_composition(est: Estimator) -> dict:
 
 
 def tidy(rows: list[dict], ests: list[Estimator], setting_cols: list[str]) -> pd.DataFrame:
-    head = [
-        "estimator",
-        "mapping",
-        "aggregation",
-        "advantage",
-        "group_size",
-        "adv_eps",
-        "max_length",
-    ]
-    hp_cols = []
-    for est in ests:
-        for k in est.mapping.hyperparameters:
-            col = "hp_" + k if k in RESERVED else k
-            if col not in hp_cols:
-                hp_cols.append(col)
-    metric_cols = []
-    for key in BOUNDED_METRICS:
-        metric_cols += [key, f"{key}_lo", f"{key}_hi"]
+    """The rows of :func:`simkit.experiment.run` as a DataFrame in the documented column order
+    (composition and π_old-leg columns only where present)."""
+    hp_cols = list(
+        dict.fromkeys(hyperparameter_column(k) for est in ests for k in est.mapping.hyperparameters)
+    )
     present = {k for row in rows for k in row}
-    composition_cols = [k for k in ("correction", "mode", "denominator") if k in present]
     cols = [
-        *head,
-        *composition_cols,
+        *ESTIMATOR_COLUMNS,
+        *[k for k in COMPOSITION_COLUMNS if k in present],
         *hp_cols,
         *setting_cols,
-        "T",
-        "params",
-        "n",
-        "reps",
+        *SIZE_COLUMNS,
         *DIVERGENCE_COLUMNS,
         *[k for k in legs.LEG_COLUMNS if k in present],
-        *metric_cols,
-        "khat",
-        "exact",
-        "reliable",
-        "tail_draws",
+        *METRIC_COLUMNS,
+        *TAIL_COLUMNS,
     ]
     return pd.DataFrame(rows).reindex(columns=cols)

@@ -64,9 +64,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from simkit import experiment as _experiment
 from simkit import mappings as _mappings
-from simkit.estimators import Estimator, as_estimator
+from simkit.estimators import Estimator, as_estimator, as_estimators
+from simkit.experiment.table import DIVERGENCE_COLUMNS, ESTIMATOR_COLUMNS, METRIC_COLUMNS, describe
 from simkit.lm._checks import integer_at_least
 from simkit.lm.behaviour import Behaviour
 from simkit.lm.metrics import _resample_weights, gradient_metrics
@@ -196,20 +196,6 @@ def _prompt_layout(rng: np.random.Generator, n_prompts: int, n: int, group_size:
     return np.repeat(rng.integers(0, n_prompts, size=n // group_size), group_size)
 
 
-def _describe(est: Estimator) -> dict:
-    return {
-        "estimator": est.name,
-        "mapping": est.mapping.name,
-        "aggregation": est.aggregation,
-        "advantage": est.advantage,
-        "group_size": est.group_size if est.group_size is not None else math.nan,
-        "adv_eps": est.adv_eps if est.advantage == "grpo" else math.nan,
-        "max_length": est.max_length if est.max_length is not None else math.nan,
-        **{(f"hp_{k}" if k in _RESERVED else k): v for k, v in est.mapping.hyperparameters.items()},
-    }
-
-
-_METRIC_COLUMNS = [c for k in _experiment.BOUNDED_METRICS for c in (k, f"{k}_lo", f"{k}_hi")]
 _EXTRA_COLUMNS = [
     "khat",
     "exact",
@@ -220,24 +206,14 @@ _EXTRA_COLUMNS = [
     "ref_se",
     "J",
 ]
-#: the columns that describe an estimator, first in the table (as in simkit.experiment.run)
-_ESTIMATOR_COLUMNS = (
-    "estimator",
-    "mapping",
-    "aggregation",
-    "advantage",
-    "group_size",
-    "adv_eps",
-    "max_length",
-)
 _RESERVED = {
-    *_ESTIMATOR_COLUMNS,
+    *ESTIMATOR_COLUMNS,
     "T",
     "n",
     "reps",
     "n_ref",
-    *_experiment.DIVERGENCE_COLUMNS,
-    *_METRIC_COLUMNS,
+    *DIVERGENCE_COLUMNS,
+    *METRIC_COLUMNS,
     *_EXTRA_COLUMNS,
 }
 
@@ -332,16 +308,7 @@ def gradient_study(
         whose pilot J and reference draws are reused (``n_ref``, ``n_pilot`` then ignored):
         several behaviours compared against one ∇̂J.
     """
-    ests = [
-        as_estimator(e)
-        for e in (estimators if isinstance(estimators, list | tuple) else [estimators])
-    ]
-    if not ests:
-        raise ValueError("estimators is empty")
-    names = [e.name for e in ests]
-    dup = sorted({x for x in names if names.count(x) > 1})
-    if dup:
-        raise ValueError(f"estimator names must be distinct; repeated: {dup} (set name=...)")
+    ests = as_estimators(estimators)
     n = integer_at_least(n, "n", 1)
     reps = integer_at_least(reps, "reps", 2)
     n_ref = integer_at_least(n_ref, "n_ref", 2)
@@ -505,14 +472,14 @@ def gradient_study(
         metrics = gradient_metrics(grads[e], U, n, coeffs[e], masks, level=level, boot_weights=boot)
         rows.append(
             {
-                **_describe(est),
+                **describe(est, _RESERVED, composition=False),
                 **setting,
                 "T": T,
                 "n": n,
                 "reps": reps,
                 "n_ref": n_ref,
                 **divergences,
-                **{k: metrics[k] for k in _METRIC_COLUMNS},
+                **{k: metrics[k] for k in METRIC_COLUMNS},
                 "khat": metrics["khat"],
                 "exact": False,
                 "bias_sq": metrics["bias_sq"],
@@ -533,11 +500,11 @@ def gradient_study(
         "n",
         "reps",
         "n_ref",
-        *_experiment.DIVERGENCE_COLUMNS,
-        *_METRIC_COLUMNS,
+        *DIVERGENCE_COLUMNS,
+        *METRIC_COLUMNS,
         *_EXTRA_COLUMNS,
     ]
-    head = list(_ESTIMATOR_COLUMNS)
+    head = list(ESTIMATOR_COLUMNS)
     cols = head + [c for c in cols if c not in head]
     table = pd.DataFrame(rows).reindex(columns=cols)
     with np.errstate(invalid="ignore", divide="ignore"):

@@ -30,6 +30,7 @@ from simkit.mappings import covariance  # noqa: F401
 from simkit.mappings.base import (
     Mapping,
     ScalarMapping,
+    as_mapping,
     available,
     get,
     mapping_class,
@@ -41,6 +42,7 @@ from simkit.mappings.vespo import vespo_f, vespo_phi
 __all__ = [
     "Mapping",
     "ScalarMapping",
+    "as_mapping",
     "available",
     "get",
     "mapping_class",

@@ -49,7 +49,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from simkit._validation import check_batch
+from simkit._validation import check_batch, check_hyperparameters
 
 _REGISTRY: dict[str, type[Mapping]] = {}
 
@@ -189,18 +189,27 @@ def get(name: str, preset: str | None = None, **hyperparams) -> Mapping:
             known = ", ".join(cls.presets) or "none"
             raise ValueError(f"mapping {name!r} has no preset {preset!r}; presets: {known}")
         kwargs.update(cls.presets[preset])
-    fields = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(hyperparams) - fields
-    if unknown:
-        raise TypeError(
-            f"mapping {name!r} has no hyperparameter {sorted(unknown)}; "
-            f"its hyperparameters are {sorted(fields) or 'none'}"
-        )
+    check_hyperparameters(cls, hyperparams, f"mapping {name!r}")
     kwargs.update(hyperparams)
     return cls(**kwargs)
 
 
 # --- hyperparameter validation ----------------------------------------------------------------
+
+
+def as_mapping(spec, argument: str = "mapping", none: bool = False) -> Mapping:
+    """``spec`` if it is a :class:`Mapping`, else the mapping of that name (:func:`get`);
+    ``TypeError`` naming ``argument`` otherwise (``none``: the caller also accepts None)."""
+    if isinstance(spec, str):
+        return get(spec)
+    if not isinstance(spec, Mapping):
+        accepted = (
+            "a simkit.mappings.Mapping, a mapping name or None"
+            if none
+            else ("a simkit.mappings.Mapping or a mapping name")
+        )
+        raise TypeError(f"{argument} must be {accepted}, got {type(spec).__name__}")
+    return spec
 
 
 def require(condition: bool, message: str) -> None:

@@ -104,9 +104,24 @@ class PPOClip(_ClipBand):
         return map_blocks(log_ratio, mask, banded_ratio_kernel(lo, hi, self.max_log_ratio))
 
 
+class _DualClipped(PPOClip):
+    """PPO clip with a dual clip: the band for A < 0 ends at ``c_dual`` (> 1, or ∞: none).
+
+    Subclasses are dataclasses with a ``c_dual`` field.
+    """
+
+    def __post_init__(self):
+        self._validate_band()
+        check_real(self, "c_dual", low=1.0, high=math.inf, low_open=True, allow_inf=True)
+
+    @property
+    def _neg_high(self) -> float:
+        return self.c_dual
+
+
 @register
 @dataclass(frozen=True)
-class DualClip(PPOClip):
+class DualClip(_DualClipped):
     """Dual-clip PPO: as PPO, and c_t = 0 when A < 0 and r_t > c_dual.
 
     Ye et al., "Mastering complex control in MOBA games with deep RL", AAAI 2020
@@ -124,18 +139,10 @@ class DualClip(PPOClip):
         "verl": {"eps_low": 0.2, "eps_high": 0.2, "c_dual": 3.0, "max_log_ratio": 20.0},
     }
 
-    def __post_init__(self):
-        self._validate_band()
-        check_real(self, "c_dual", low=1.0, high=math.inf, low_open=True, allow_inf=True)
-
-    @property
-    def _neg_high(self) -> float:
-        return self.c_dual
-
 
 @register
 @dataclass(frozen=True)
-class DAPOClip(PPOClip):
+class DAPOClip(_DualClipped):
     """DAPO clip-higher: PPO clip with decoupled ε_low = 0.2, ε_high = 0.28.
 
     Yu et al., "DAPO: an open-source LLM RL system at scale", arXiv 2503.14476, §3.1 (DAPO also
@@ -156,14 +163,6 @@ class DAPOClip(PPOClip):
         "paper": {"eps_low": 0.2, "eps_high": 0.28, "c_dual": math.inf},
         "verl": {"eps_low": 0.2, "eps_high": 0.28, "c_dual": 3.0, "max_log_ratio": 20.0},
     }
-
-    def __post_init__(self):
-        self._validate_band()
-        check_real(self, "c_dual", low=1.0, high=math.inf, low_open=True, allow_inf=True)
-
-    @property
-    def _neg_high(self) -> float:
-        return self.c_dual
 
 
 @register

@@ -14,13 +14,12 @@ import hashlib
 import io
 import json
 import os
-import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from simkit.shards import atomic_write
 from simkit.train.records import records_table
 from simkit.train.rollout import Rollout, TrainState
 from simkit.train.worlds import as_prompts
@@ -48,21 +47,6 @@ def env_fingerprint(env) -> str:
             h.update(a.tobytes())
         h.update(repr((e.eos, e.initial_state)).encode())
     return h.hexdigest()
-
-
-def _atomic_write(path: Path, write: Callable) -> None:
-    """Write ``path`` through a temporary file in the same directory, fsync, ``os.replace``."""
-    tmp = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex[:12]}")
-    try:
-        with open(tmp, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
 
 
 def save_checkpoint(out_dir: Path, state: TrainState) -> None:
@@ -97,7 +81,7 @@ def save_checkpoint(out_dir: Path, state: TrainState) -> None:
     current = out_dir / CHECKPOINT_FILE
     if current.exists():  # keep the previous one: a damaged checkpoint then costs one chunk
         os.replace(current, out_dir / PREVIOUS_CHECKPOINT_FILE)
-    _atomic_write(current, write)
+    atomic_write(current, write)
 
 
 def _restore_generator(state: dict) -> np.random.Generator:
@@ -231,7 +215,7 @@ def chunk_files(out_dir: Path) -> list[tuple[int, Path]]:
 def write_chunk(out_dir: Path, rows: list[dict]) -> None:
     """Write ``rows`` as one parquet chunk, named by its first step (atomically)."""
     table = records_table(rows)
-    _atomic_write(
+    atomic_write(
         _chunk_path(out_dir, int(table["step"].iloc[0])),
         lambda fh: table.to_parquet(fh, index=False, engine="pyarrow"),
     )
@@ -280,7 +264,7 @@ def prepare_run_dir(out_dir: Path, description: dict) -> bool:
             f"{out_dir} is not empty and has no {_RUN_FILE}: choose a new or empty directory"
         )
     (out_dir / _CHUNKS_DIR).mkdir(parents=True, exist_ok=True)
-    _atomic_write(stored, lambda fh: fh.write(text.encode("utf-8")))
+    atomic_write(stored, lambda fh: fh.write(text.encode("utf-8")))
     return False
 
 

@@ -75,6 +75,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from simkit._validation import int_at_least, nonnegative_int
 from simkit.envs.token_mdp import TokenMDP
 from simkit.train.checkpoints import (
     CHECKPOINT_FILE,
@@ -92,10 +93,9 @@ from simkit.train.checkpoints import (
     save_checkpoint,
     write_chunk,
 )
-from simkit.train.hyperparameters import GRADIENTS, TrainConfig, config_dict, int_at_least
+from simkit.train.hyperparameters import GRADIENTS, TrainConfig, config_dict
 from simkit.train.records import COLUMNS, records_table
 from simkit.train.rollout import (
-    check_seed,
     group_size_of,
     initial_state,
     new_rollout,
@@ -169,17 +169,17 @@ def train(
         raise TypeError(f"env must be a TokenMDP or Prompts, got {type(env).__name__}")
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
-    seed = check_seed(seed)
+    seed = nonnegative_int(seed, "seed")
     K = len(as_prompts(env))
     if K > 1 and config.batch // group_size_of(config) < K:
         raise ValueError(
             f"TrainConfig.batch = {config.batch} gives {config.batch // group_size_of(config)} "
             f"group(s) per rollout for {K} prompts: every prompt needs at least one group"
         )
-    chunk_steps = int_at_least("train", "chunk_steps", chunk_steps, 1)
+    chunk_steps = int_at_least(chunk_steps, "train.chunk_steps", 1)
     end = config.steps
     if stop_after is not None:
-        end = min(int_at_least("train", "stop_after", stop_after, 1), config.steps)
+        end = min(int_at_least(stop_after, "train.stop_after", 1), config.steps)
     if config.mismatch.spike_prob > 0 and config.mismatch.spike_tokens >= env.V:
         raise ValueError(
             f"mismatch.spike_tokens = {config.mismatch.spike_tokens} must be < V = {env.V}"

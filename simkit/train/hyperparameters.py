@@ -11,8 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import numpy as np
-
+from simkit._validation import int_at_least
 from simkit.estimator_specs import build_estimators, estimator_params
 from simkit.estimators import Estimator, as_estimator
 from simkit.train.mismatch import Mismatch
@@ -24,13 +23,6 @@ if TYPE_CHECKING:
 
 #: where the update direction comes from
 GRADIENTS = ("estimator", "exact")
-
-
-def int_at_least(owner: str, name: str, value, low: int) -> int:
-    """``value`` as an int >= ``low``; the error names ``owner.name``."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
-        raise ValueError(f"{owner}.{name} must be an integer >= {low}, got {value!r}")
-    return int(value)
 
 
 @dataclass(frozen=True)
@@ -94,7 +86,7 @@ class TrainConfig:
             ("feature_seed", 0),
         ):
             object.__setattr__(
-                self, name, int_at_least("TrainConfig", name, getattr(self, name), low)
+                self, name, int_at_least(getattr(self, name), f"TrainConfig.{name}", low)
             )
         if self.batch % self.minibatches:
             raise ValueError(

@@ -83,13 +83,6 @@ def _generators(seed) -> tuple[np.random.Generator, np.random.Generator]:
     )
 
 
-def check_seed(seed) -> int:
-    """``seed`` as a non-negative int (``ValueError`` naming it otherwise)."""
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-    return int(seed)
-
-
 def policy_logits(env: TokenMDP, config: TrainConfig, theta) -> np.ndarray:
     """The logits (T, P, V) of the policy with parameters ``theta`` (what ``callback`` and
     :func:`load_checkpoint` give) under ``config.parameterization`` on ``env``."""
@@ -180,6 +173,7 @@ def new_rollout(
 
 
 def group_size_of(config: TrainConfig) -> int:
+    """Rows per group of the rollout: the estimator's G for a group advantage, else 1."""
     est = config.estimator
     return est.group_size if est.advantage in GROUP_ADVANTAGES else 1
 
