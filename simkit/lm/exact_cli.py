@@ -18,18 +18,7 @@ from pathlib import Path
 
 from simkit.cli_common import add_command, at_least, usage_errors
 from simkit.cli_errors import CLIError
-from simkit.lm.cli_options import (
-    BEHAVIOUR_HELP,
-    add_behaviour_option,
-    add_estimator_options,
-    add_model_options,
-    check_out,
-    load,
-    mapping_names,
-    parse_behaviour,
-    print_table,
-    write_out,
-)
+from simkit.lm import cli_options as options
 
 EXACT_COLUMNS = (
     "estimator",
@@ -61,7 +50,7 @@ def _load_with_target(args, k: int):
     auto = args.target is None
     if auto:
         args.target = 0
-    model, tokenizer, task, eos = load(args)
+    model, tokenizer, task, eos = options.load(args)
     if auto and task.name == "token":
         from simkit.lm import tasks
 
@@ -84,7 +73,7 @@ def add_exact(sub) -> None:
             "(k^T leaves, one forward position per node, batched by depth with a KV cache),\n"
             "with mu restricted to the same support, and compute each mapping's exact mean and\n"
             "variance against the exact policy gradient (batch-dependent mappings: Monte Carlo\n"
-            "over exact leaf draws, exact = False). One study per -b.\n\n" + BEHAVIOUR_HELP
+            "over exact leaf draws, exact = False). One study per -b.\n\n" + options.BEHAVIOUR_HELP
         ),
         epilog=(
             "examples:\n"
@@ -93,25 +82,27 @@ def add_exact(sub) -> None:
             "  simkit lm exact --model smollm2 --device cuda -k 8 -T 8 --out exact.parquet\n"
         ),
     )
-    add_model_options(p)
+    options.add_model_options(p)
     p.set_defaults(target=None, max_new_tokens=6, prompts=2, func=run_exact)
     g = p.add_argument_group("tree")
     g.add_argument("-k", type=int, default=4, help="top-k support per prefix (4)")
-    add_estimator_options(g, reps=400, reps_help="Monte Carlo batches for batch-dependent mappings")
+    options.add_estimator_options(
+        g, reps=400, reps_help="Monte Carlo batches for batch-dependent mappings"
+    )
     g.add_argument("--batch-size", type=int, default=256, help="tree nodes per forward call")
-    add_behaviour_option(p, help="a behaviour mu (repeatable; default: temperature:1.3)")
+    options.add_behaviour_option(p, help="a behaviour mu (repeatable; default: temperature:1.3)")
     p.add_argument("--out", metavar="FILE", help="write the tables (.csv or .parquet)")
 
 
 def run_exact(args) -> int:
-    check_out(args.out)
+    options.check_out(args.out)
     k = at_least(args.k, "-k")
     at_least(args.n, "--n")
     at_least(args.reps, "--reps", 2)
     at_least(args.batch_size, "--batch-size")
     specs = args.behaviour or ["temperature:1.3"]
-    gens = [parse_behaviour(s) for s in specs]
-    names = mapping_names(args.mappings)
+    gens = [options.parse_behaviour(s) for s in specs]
+    names = options.mapping_names(args.mappings)
     model, tokenizer, task, eos = _load_with_target(args, k)
     import pandas as pd
 
@@ -151,9 +142,9 @@ def run_exact(args) -> int:
                 file=sys.stderr,
             )
         table = res.table.assign(behaviour=spec)
-        print_table(table, EXACT_COLUMNS)
+        options.print_table(table, EXACT_COLUMNS)
         tables.append(table)
-    write_out(pd.concat(tables, ignore_index=True), args.out)
+    options.write_out(pd.concat(tables, ignore_index=True), args.out)
     return 0
 
 
@@ -168,7 +159,7 @@ def add_dump(sub) -> None:
             "log-probs, mask and rewards as a trainer logs them (verl or TRL column names, or\n"
             "a long per-token table), with <out>.meta.json holding the exact per-token chi2,\n"
             "KL and TV (over the vocabulary) that simkit diagnose should recover.\n\n"
-            + BEHAVIOUR_HELP
+            + options.BEHAVIOUR_HELP
         ),
         epilog=(
             "examples:\n"
@@ -177,8 +168,8 @@ def add_dump(sub) -> None:
             "  simkit diagnose dump.parquet\n"
         ),
     )
-    add_model_options(p)
-    add_behaviour_option(
+    options.add_model_options(p)
+    options.add_behaviour_option(
         p, default="temperature:1.3", help="the behaviour mu (default: %(default)s)"
     )
     p.add_argument("--n", type=int, default=256, help="responses (256)")
@@ -196,8 +187,8 @@ def run_dump(args) -> int:
     if Path(args.out).suffix not in (".parquet", ".jsonl", ".json"):
         raise CLIError(f"--out must end in .parquet or .jsonl, got {args.out!r}")
     at_least(args.n, "--n")
-    gen = parse_behaviour(args.behaviour)
-    model, tokenizer, task, eos = load(args)
+    gen = options.parse_behaviour(args.behaviour)
+    model, tokenizer, task, eos = options.load(args)
     from simkit.lm import dump
 
     with usage_errors(ValueError):
