@@ -106,6 +106,14 @@ def _run_mismatch(args) -> int:
 
 # --- study -------------------------------------------------------------------------------------
 
+#: the study-size options of ``lm study`` and ``lm compare``, named as the arguments of
+#: :func:`simkit.lm.study.gradient_study` and the fields of the lm_vs_sim config
+STUDY_SIZES = ("params", "n", "reps", "n_ref", "n_pilot", "seed")
+
+
+def _study_sizes(args) -> dict:
+    return {name: getattr(args, name) for name in STUDY_SIZES}
+
 
 def _add_study_args(p) -> None:
     g = p.add_argument_group("study sizes")
@@ -168,14 +176,9 @@ def _run_study(args) -> int:
             X.default_estimators(names),
             behaviour=gen,
             tokenizer=tokenizer,
-            params=args.params,
-            n=args.n,
-            reps=args.reps,
-            n_ref=args.n_ref,
-            n_pilot=args.n_pilot,
             max_new_tokens=args.max_new_tokens,
             eos_token_id=eos,
-            seed=args.seed,
+            **_study_sizes(args),
         )
     print(
         f"J(pi) = {res.J:.4f} ± {res.J_se:.4f}, |grad J| = {res.grad_norm:.4g}, D = {res.D}, "
@@ -251,16 +254,11 @@ def _run_compare(args) -> int:
             stop_at_eos=args.model == "smollm2" and not args.no_eos,
             behaviours=tuple(args.behaviour),
             mapping_names=tuple(names),
-            params=args.params,
             T=args.max_new_tokens,
-            n=args.n,
-            reps=args.reps,
-            n_ref=args.n_ref,
-            n_pilot=args.n_pilot,
             twin_V=args.twin_v,
             twin_reps=args.twin_reps,
             device=args.device,
-            seed=args.seed,
+            **_study_sizes(args),
         )
         if args.device == "cuda":
             import torch

@@ -370,19 +370,10 @@ class Staleness(_Generator):
         T = self.max_new_tokens or max_new_tokens
         if T is None:
             raise ValueError("staleness: set max_new_tokens (no study length to default to)")
+        settings = {f.name: getattr(self, f.name) for f in fields(self)}  # stale_target's
+        settings["max_new_tokens"] = int(T)  # arguments, with the response length resolved
         target = stale_target(
-            model,
-            task,
-            steps=self.steps,
-            lr=self.lr,
-            optimizer=self.optimizer,
-            batch_size=self.batch_size,
-            loss=self.loss,
-            params=self.params,
-            max_new_tokens=int(T),
-            seed=self.seed,
-            tokenizer=tokenizer,
-            eos_token_id=eos_token_id,
+            model, task, **settings, tokenizer=tokenizer, eos_token_id=eos_token_id
         )
         return MismatchPair(
             target, Behaviour(model=model, name=self.name, strength=float(self.steps)), self
