@@ -609,6 +609,16 @@ def topk_token_log_probs(model, input_ids: torch.Tensor, prompt_length: int, k: 
     return torch.where(hit.any(-1), (lp * hit).sum(-1), torch.full_like(lp[..., 0], -math.inf))
 
 
+def auto_target(model, prompts, k: int) -> int:
+    """The second most likely token of π's top-k (the first if k = 1) at the first prompt's
+    root: a token reward that fires on some but not all leaves of the tree (the tiny model's
+    default target of ``simkit lm exact`` and of the lm_vs_sim figure)."""
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        z = model(torch.tensor([prompts[0]], device=device)).logits[0, -1]
+    return int(torch.topk(z.float(), min(k, 2)).indices[-1])
+
+
 def _functional_scores(model, names, prompt, seqs, mask, edges, n_edges, k, batch_size):
     """torch.func scores per edge: ``vmap(jacrev)`` of each leaf's top-k log-probabilities
     (the top-k set held fixed: the support ids are inputs, not functions of θ)."""

@@ -36,14 +36,11 @@ EXACT_COLUMNS = (
 
 
 def auto_target(model, prompts, k: int) -> int:
-    """The rank-1 token of π's top-k at the first prompt's root: a token reward that fires on
-    some but not all leaves of the tree (the tiny model's default ``--target`` for exact)."""
-    import torch
+    """:func:`simkit.lm.exact.auto_target` (the library function; this name is kept for the
+    callers that imported it from here)."""
+    from simkit.lm import exact
 
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        z = model(torch.tensor([prompts[0]], device=device)).logits[0, -1]
-    return int(torch.topk(z.float(), min(k, 2)).indices[-1])
+    return exact.auto_target(model, prompts, k)
 
 
 def _load_with_target(args, k: int):
@@ -52,9 +49,9 @@ def _load_with_target(args, k: int):
         args.target = 0
     model, tokenizer, task, eos = options.load(args)
     if auto and task.name == "token":
-        from simkit.lm import tasks
+        from simkit.lm import exact, tasks
 
-        target = auto_target(model, task.prompt_ids(tokenizer), k)
+        target = exact.auto_target(model, task.prompt_ids(tokenizer), k)
         task = tasks.get_task(
             "token", n_prompts=task.n_prompts, vocab_size=task.vocab_size, target=target
         )
