@@ -28,6 +28,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from simkit.cli_common import (
+    Formatter,
+    add_backend_options,
+    add_command,
+    check_table_file,
+    run_sweep_command,
+    save_table,
+    sweep_errors,
+    table_text,
+    usage_errors,
+)
 from simkit.cli_errors import CLIError
 
 PROG = "simkit"
@@ -51,18 +62,14 @@ OPTIONAL_PACKAGES = {
 }
 
 
-class _Formatter(argparse.RawDescriptionHelpFormatter):
-    """Keep the hand-formatted descriptions and examples as written."""
-
-
 # --- figures -----------------------------------------------------------------------------------
 
 
 def _add_figures(subparsers) -> None:
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "figures",
         help="regenerate paper-style figures (PNG + PDF) and the gallery README",
-        formatter_class=_Formatter,
         description=(
             "Compute and draw figures, writing <out>/<name>.png and <out>/<name>.pdf\n"
             "(byte-for-byte reproducible) and regenerating <out>/README.md, the gallery.\n"
@@ -139,10 +146,10 @@ def _run_figures(args) -> int:
 
 
 def _add_info(subparsers) -> None:
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "info",
         help="versions of simkit and its dependencies, installed optional extras",
-        formatter_class=_Formatter,
         description=(
             "Print the Python version, simkit's version, the versions of its core\n"
             "dependencies and which optional extras (lm, dist, notebooks, dev) are installed.\n"
@@ -227,10 +234,10 @@ LISTERS: dict[str, Callable[[], list[str]]] = {
 
 
 def _add_list(subparsers) -> None:
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "list",
         help="list the registered mappings, figures or shift families",
-        formatter_class=_Formatter,
         description=(
             "List a registry: 'mappings' (weight mappings: name, level, summary),\n"
             "'figures' (figure names and titles) or 'shifts' (families that move mu away\n"
@@ -254,18 +261,11 @@ def _run_list(args) -> int:
 RUN_SUMMARY_COLUMNS = ("estimator", "bias", "variance", "mse", "cosine", "ess", "exact")
 
 
-def _config_errors():
-    from simkit.config import ConfigError
-    from simkit.sweep import SweepError
-
-    return (ConfigError, SweepError)
-
-
 def _add_run(subparsers) -> None:
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "run",
         help="run every cell of a sweep config serially, in memory, and print the table",
-        formatter_class=_Formatter,
         description=(
             "Run all the cells of a sweep configuration (TOML) one after the other in this\n"
             "process, with nothing written but --out: the quick way to try a config before\n"
@@ -291,47 +291,30 @@ def _add_run(subparsers) -> None:
 def _run_run(args) -> int:
     from simkit import sweep
 
-    out = args.out
-    if out is not None and not out.endswith((".csv", ".parquet")):
-        raise CLIError(f"--out must end with .csv or .parquet, got {out!r}")
-    if out is not None:  # before any work: a cell's results are not lost to a bad path
-        from simkit._validation import check_output_file
-
-        try:
-            check_output_file(out, "--out")
-        except ValueError as err:
-            raise CLIError(str(err)) from None
-    try:
+    if args.out is not None:
+        check_table_file(args.out, "--out")
+    with usage_errors(*sweep_errors()):
         table = sweep.run_config(args.config, progress=not args.no_progress)
-    except _config_errors() as err:
-        raise CLIError(str(err)) from None
-    if out is not None:
-        sweep.write_table(table, out)  # atomically: never a half-written file
-        print(f"table written to {out}", file=sys.stderr)
+    if args.out is not None:
+        save_table(table, args.out)
     print(_summary_table(table, args.all_columns))
     return 0
 
 
 def _summary_table(table, all_columns: bool = False) -> str:
     """The table as text: every column, or the estimator, swept settings and main metrics."""
-    import pandas as pd
-
-    if not all_columns:
-        setting = ("env", "family", "divergence", "div_level", "target", "T", "n")
-        swept = [c for c in setting if c in table and table[c].nunique(dropna=False) > 1]
-        cols = [c for c in RUN_SUMMARY_COLUMNS[:1] + tuple(swept) + RUN_SUMMARY_COLUMNS[1:]]
-        table = table[[c for c in cols if c in table]]
-    with pd.option_context(
-        "display.max_rows", None, "display.max_columns", None, "display.width", 200
-    ):
-        return table.to_string(index=False, float_format=lambda v: f"{v:.4g}")
+    if all_columns:
+        return table_text(table)
+    setting = ("env", "family", "divergence", "div_level", "target", "T", "n")
+    swept = tuple(c for c in setting if c in table and table[c].nunique(dropna=False) > 1)
+    return table_text(table, RUN_SUMMARY_COLUMNS[:1] + swept + RUN_SUMMARY_COLUMNS[1:])
 
 
 def _add_sweep(subparsers) -> None:
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "sweep",
         help="run a sweep into a directory: parallel or on Dask, crash-safe, resumable",
-        formatter_class=_Formatter,
         description=(
             "Expand a sweep configuration (TOML) into cells and run them, writing one\n"
             "parquet shard per finished cell under DIR/cells/ (atomically: a killed run never\n"
@@ -359,42 +342,13 @@ def _add_sweep(subparsers) -> None:
     )
     p.add_argument("config", metavar="CONFIG", help="sweep configuration file (TOML)")
     p.add_argument("--out", required=True, metavar="DIR", help="sweep directory (created/resumed)")
-    p.add_argument(
-        "--backend",
-        choices=["serial", "processes", "dask"],
-        default="serial",
-        help="where cells run (default: %(default)s)",
-    )
-    p.add_argument("--workers", type=int, metavar="N", help="processes / LocalCluster workers")
-    p.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler, e.g. tcp://host:8786")
+    add_backend_options(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_run_sweep)
 
 
 def _run_sweep(args) -> int:
-    from simkit import sweep
-
-    try:
-        sweep.check_backend(args.backend, args.workers, args.scheduler)
-    except (TypeError, ValueError) as err:
-        raise CLIError(str(err)) from None
-    from simkit._validation import check_output_dir
-
-    try:  # before any work (run_sweep checks it too, naming its argument out_dir)
-        check_output_dir(args.out, "--out")
-    except ValueError as err:
-        raise CLIError(str(err)) from None
-    try:
-        summary = sweep.run_sweep(
-            args.config,
-            args.out,
-            backend=args.backend,
-            workers=args.workers,
-            scheduler=args.scheduler,
-            progress=not args.no_progress,
-        )
-    except _config_errors() as err:
-        raise CLIError(str(err)) from None
+    summary = run_sweep_command(args.config, args.out, args)
     print(f"sweep: {summary}", file=sys.stderr)
     if summary.complete:
         print(f"next: simkit report {args.out}", file=sys.stderr)
@@ -402,10 +356,10 @@ def _run_sweep(args) -> int:
 
 
 def _add_report(subparsers) -> None:
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "report",
         help="merged table (parquet + CSV) and standard plots of a sweep directory",
-        formatter_class=_Formatter,
         description=(
             "Merge the shards of a sweep directory into DIR/results.parquet and\n"
             "DIR/results.csv (one tidy table: metrics, the config's columns, simkit version,\n"
@@ -423,10 +377,8 @@ def _add_report(subparsers) -> None:
 def _run_report(args) -> int:
     from simkit.figures.report import report
 
-    try:
+    with usage_errors(*sweep_errors()):
         table, paths = report(args.dir, partial=args.partial)
-    except _config_errors() as err:
-        raise CLIError(str(err)) from None
     print(f"{len(table)} rows, {table['cell'].nunique()} cells", file=sys.stderr)
     for path in paths:
         print(path)
@@ -437,10 +389,10 @@ def _run_report(args) -> int:
 
 
 def _add_schema(subparsers) -> None:
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "schema",
         help="the JSON Schema of a sweep config (for editors and validators)",
-        formatter_class=_Formatter,
         description=(
             "Print the JSON Schema of a TOML sweep configuration: 'experiment' (simkit run /\n"
             "sweep) or 'train' (simkit train CONFIG). Point an editor's TOML extension at the\n"
@@ -509,7 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every subcommand of ``SUBCOMMANDS``."""
     parser = argparse.ArgumentParser(
         prog=PROG,
-        formatter_class=_Formatter,
+        formatter_class=Formatter,
         description=(
             "simkit: bias and variance of importance-sampling weight mappings in LLM RL\n"
             "(GRPO, PPO clip, GSPO, SAPO, CISPO, TIS/MIS, VESPO, ...), exactly and by\n"

@@ -463,12 +463,12 @@ def diagnose(
 
 def register(subparsers) -> None:
     """Add ``simkit diagnose``."""
-    import argparse
+    from simkit.cli_common import add_command
 
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "diagnose",
         help="how off-policy are logged rollouts (chi2, KL, ESS, k-hat) and which mapping fits",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
             "Read rollouts with per-token trainer (pi) and rollout-engine (mu) log-probs,\n"
             "response mask and rewards (parquet or JSONL; verl and TRL column names are\n"
@@ -505,6 +505,7 @@ def register(subparsers) -> None:
 def _run(args) -> int:
     import sys
 
+    from simkit.cli_common import usage_errors
     from simkit.cli_errors import CLIError
 
     if args.n < 1 or args.boot < 2:
@@ -521,7 +522,7 @@ def _run(args) -> int:
             )
     columns = {r: getattr(args, f"col_{r}") for r in ROLES if getattr(args, f"col_{r}")}
     out = args.out or f"{args.rollouts}.report"
-    try:
+    with usage_errors(RolloutError):
         path = diagnose(
             args.rollouts,
             out,
@@ -532,7 +533,5 @@ def _run(args) -> int:
             mappings_=names,
             force=args.force,
         )
-    except RolloutError as err:
-        raise CLIError(str(err)) from None
     print(f"wrote {path}/report.md, diagnose.png, metrics.json", file=sys.stderr)
     return 0

@@ -107,3 +107,41 @@ def test_bad_arguments_name_the_problem(argv, message):
 def test_cuda_without_a_device_is_a_clear_error():
     with pytest.raises(CLIError, match="no CUDA device"):
         run(["lm", "study", "--device", "cuda"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "behaviour"),
+    [
+        (["lm", "study"], "on_policy"),
+        (["lm", "dump", "--out", "d.parquet"], "temperature:1.3"),
+        (["lm", "exact"], None),  # run_exact's default: temperature:1.3
+        (
+            ["lm", "compare", "-b", "top_p:0.9", "-b", "temperature:2"],
+            ["top_p:0.9", "temperature:2"],
+        ),
+    ],
+)
+def test_behaviour_defaults_and_repeats(argv, behaviour):
+    assert parser().parse_args(argv).behaviour == behaviour
+
+
+@pytest.mark.parametrize("command", ["mismatch", "compare"])
+def test_a_behaviour_is_required_where_there_is_no_default(command, capsys):
+    with pytest.raises(SystemExit) as exc:
+        parser().parse_args(["lm", command])
+    assert exc.value.code == 2 and "--behaviour" in capsys.readouterr().err
+
+
+def test_study_size_options_name_study_arguments_and_comparison_fields():
+    import dataclasses
+    import inspect
+
+    from simkit.figures import _lm_vs_sim_mc
+    from simkit.lm import study
+
+    arguments = inspect.signature(study.gradient_study).parameters
+    fields = {f.name for f in dataclasses.fields(_lm_vs_sim_mc.config())}
+    for command in ("study", "compare"):
+        args = parser().parse_args(["lm", command, "-b", "on_policy"])
+        for name in lm_cli.STUDY_SIZES:
+            assert hasattr(args, name) and name in arguments and name in fields, (command, name)

@@ -53,6 +53,23 @@ def test_intervals_bracket_the_point_values():
         assert (lo <= hi).all() and np.isfinite(lo).all()
 
 
+def test_bootstrap_refits_use_the_settings_of_the_point_prediction(monkeypatch):
+    # the refits once dropped prob_bins (always the default 2): every fit must get all three
+    seen = []
+    fit = twin_dist.replay_twin
+
+    def spy(rollouts, **kwargs):
+        seen.append(kwargs)
+        return fit(rollouts, **kwargs)
+
+    monkeypatch.setattr(twin_dist, "replay_twin", spy)
+    settings = dict(bins=3, segments=2, prob_bins=3)
+    twin_dist.predict_with_intervals(
+        _logs(N=60), ests(["naive", "is_token"]), 4, n_boot=2, reps=4, **settings
+    )
+    assert seen == [settings] * 3
+
+
 @pytest.mark.parametrize(
     "change,match",
     [

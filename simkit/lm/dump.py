@@ -39,18 +39,11 @@ def dump_table(
 ) -> tuple[pd.DataFrame, dict]:
     """(table, meta): ``n`` responses from μ as a trainer would log them (module docstring)."""
     from simkit.lm import sampling
-    from simkit.lm.mismatch import divergence_summary, resolve_behaviour
+    from simkit.lm.mismatch import divergence_summary, prepare_pair
 
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
-    pi, mu = resolve_behaviour(
-        behaviour,
-        model,
-        task=task,
-        tokenizer=tokenizer,
-        eos_token_id=eos_token_id,
-        max_new_tokens=T,
-    )
+    pi, mu = prepare_pair(behaviour, model, task, tokenizer, eos_token_id, T)
     prompts = task.prompt_ids(tokenizer)
     rng = np.random.default_rng(seed)
     device = next(pi.parameters()).device

@@ -49,6 +49,7 @@ from simkit.lm import scores as _scores
 from simkit.lm import study as _study
 from simkit.lm.behaviour import Behaviour
 from simkit.lm.leaves import LeafEnv
+from simkit.lm.mismatch import prepare_pair
 
 GRAD_METHODS = ("auto", "head", "vmap")
 #: share of the free memory a tree may use when ``memory_limit`` is None
@@ -337,11 +338,7 @@ def _node_divergences(lp: torch.Tensor, lq: torch.Tensor) -> dict[str, torch.Ten
 
 def _head_edge_scores(model, names, hidden, support, lp) -> torch.Tensor:
     """Closed-form scores (m, k, D) of the k children of m nodes (module docstring)."""
-    norm, head = model.model.norm, model.lm_head
-    x = hidden.double()
-    n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + float(norm.variance_epsilon))
-    gamma = norm.weight.detach().double()
-    W = head.weight.detach().double()
+    n, gamma, W = _scores.normed_head_inputs(model, hidden)
     p = lp.exp()  # (m, k)
     m, k = support.shape
     parts = []
@@ -353,30 +350,14 @@ def _head_edge_scores(model, names, hidden, support, lp) -> torch.Tensor:
         else:  # lm_head.weight (V, d), C order
             a = n * gamma  # (m, d)
             V = W.shape[0]
-            resid = torch.zeros((m, k, V), dtype=torch.float64, device=x.device)
+            resid = torch.zeros((m, k, V), dtype=torch.float64, device=n.device)
             resid.scatter_add_(
                 -1, support[:, None, :].expand(m, k, k), -p[:, None, :].expand(m, k, k)
             )
-            eye = torch.ones((m, k, 1), dtype=torch.float64, device=x.device)
+            eye = torch.ones((m, k, 1), dtype=torch.float64, device=n.device)
             resid.scatter_add_(-1, support[:, :, None], eye)
             parts.append((resid[..., None] * a[:, None, None, :]).reshape(m, k, -1))
     return torch.cat(parts, dim=-1)
-
-
-def _prepare(behaviour, model, task, tokenizer, eos_token_id, T):
-    pair = behaviour
-    if not (hasattr(pair, "target") and isinstance(getattr(pair, "behaviour", None), Behaviour)):
-        from simkit.lm.mismatch import resolve_behaviour
-
-        return resolve_behaviour(
-            behaviour,
-            model,
-            task=task,
-            tokenizer=tokenizer,
-            eos_token_id=eos_token_id,
-            max_new_tokens=T,
-        )
-    return pair.target, pair.behaviour
 
 
 def _int(value, name: str, low: int) -> int:
@@ -435,7 +416,7 @@ def tree(
     prompt = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1)
     if prompt.numel() == 0:
         raise ValueError("prompt_ids is empty")
-    pi_net, mu = _prepare(behaviour, model, task, tokenizer, eos_token_id, T)
+    pi_net, mu = prepare_pair(behaviour, model, task, tokenizer, eos_token_id, T)
     pi_net.eval()
     vocab = int(pi_net.config.vocab_size)
     if k > vocab:
@@ -628,6 +609,16 @@ def topk_token_log_probs(model, input_ids: torch.Tensor, prompt_length: int, k: 
     return torch.where(hit.any(-1), (lp * hit).sum(-1), torch.full_like(lp[..., 0], -math.inf))
 
 
+def auto_target(model, prompts, k: int) -> int:
+    """The second most likely token of π's top-k (the first if k = 1) at the first prompt's
+    root: a token reward that fires on some but not all leaves of the tree (the tiny model's
+    default target of ``simkit lm exact`` and of the lm_vs_sim figure)."""
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        z = model(torch.tensor([prompts[0]], device=device)).logits[0, -1]
+    return int(torch.topk(z.float(), min(k, 2)).indices[-1])
+
+
 def _functional_scores(model, names, prompt, seqs, mask, edges, n_edges, k, batch_size):
     """torch.func scores per edge: ``vmap(jacrev)`` of each leaf's top-k log-probabilities
     (the top-k set held fixed: the support ids are inputs, not functions of θ)."""
@@ -734,7 +725,7 @@ def exact_study(
                 f"estimators {grouped} use group advantages, which need the responses of a "
                 "group to share a prompt: run exact_study with one prompt (prompts=[i])"
             )
-    pi_net, mu = _prepare(behaviour, model, task, tokenizer, eos_token_id, T)
+    pi_net, mu = prepare_pair(behaviour, model, task, tokenizer, eos_token_id, T)
     pair = _Pair(pi_net, mu)
     trees = []
     for i in idx:

@@ -14,6 +14,11 @@ Registered by :func:`simkit.lm.cli.register`; torch is imported only when a comm
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+from simkit.cli_common import add_command, at_least, usage_errors
+from simkit.cli_errors import CLIError
+from simkit.lm import cli_options as options
 
 EXACT_COLUMNS = (
     "estimator",
@@ -30,36 +35,23 @@ EXACT_COLUMNS = (
 )
 
 
-_CLI = {}
-
-
-def _cli():
-    """The helpers of :mod:`simkit.lm.cli` (handed over by :func:`add_exact`; not imported
-    here, which would make an import cycle)."""
-    return _CLI["module"]
-
-
 def auto_target(model, prompts, k: int) -> int:
-    """The rank-1 token of π's top-k at the first prompt's root: a token reward that fires on
-    some but not all leaves of the tree (the tiny model's default ``--target`` for exact)."""
-    import torch
+    """:func:`simkit.lm.exact.auto_target` (the library function; this name is kept for the
+    callers that imported it from here)."""
+    from simkit.lm import exact
 
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        z = model(torch.tensor([prompts[0]], device=device)).logits[0, -1]
-    return int(torch.topk(z.float(), min(k, 2)).indices[-1])
+    return exact.auto_target(model, prompts, k)
 
 
 def _load_with_target(args, k: int):
-    cli = _cli()
     auto = args.target is None
     if auto:
         args.target = 0
-    model, tokenizer, task, eos = cli._load(args)
+    model, tokenizer, task, eos = options.load(args)
     if auto and task.name == "token":
-        from simkit.lm import tasks
+        from simkit.lm import exact, tasks
 
-        target = auto_target(model, task.prompt_ids(tokenizer), k)
+        target = exact.auto_target(model, task.prompt_ids(tokenizer), k)
         task = tasks.get_task(
             "token", n_prompts=task.n_prompts, vocab_size=task.vocab_size, target=target
         )
@@ -67,19 +59,18 @@ def _load_with_target(args, k: int):
     return model, tokenizer, task, eos
 
 
-def add_exact(sub, cli) -> None:
-    """Add ``simkit lm exact``; ``cli`` is :mod:`simkit.lm.cli` (its shared helpers)."""
-    _CLI["module"] = cli
-    p = sub.add_parser(
+def add_exact(sub) -> None:
+    """Add ``simkit lm exact`` to the ``lm`` subparsers ``sub``."""
+    p = add_command(
+        sub,
         "exact",
         help="exact bias / variance of every mapping on the top-k-truncated LM (tree)",
-        formatter_class=cli._Formatter,
         description=(
             "Enumerate every response of pi restricted to its top-k tokens at each prefix\n"
             "(k^T leaves, one forward position per node, batched by depth with a KV cache),\n"
             "with mu restricted to the same support, and compute each mapping's exact mean and\n"
             "variance against the exact policy gradient (batch-dependent mappings: Monte Carlo\n"
-            "over exact leaf draws, exact = False). One study per -b.\n\n" + cli._BEHAVIOUR_HELP
+            "over exact leaf draws, exact = False). One study per -b.\n\n" + options.BEHAVIOUR_HELP
         ),
         epilog=(
             "examples:\n"
@@ -88,44 +79,27 @@ def add_exact(sub, cli) -> None:
             "  simkit lm exact --model smollm2 --device cuda -k 8 -T 8 --out exact.parquet\n"
         ),
     )
-    cli._add_model_args(p)
+    options.add_model_options(p)
     p.set_defaults(target=None, max_new_tokens=6, prompts=2, func=run_exact)
     g = p.add_argument_group("tree")
     g.add_argument("-k", type=int, default=4, help="top-k support per prefix (4)")
-    g.add_argument(
-        "--mappings", default="all", metavar="A,B,...", help="mappings, or 'all' (default)"
-    )
-    g.add_argument(
-        "--params",
-        default="norm",
-        help="parameter subset of the scores (default: norm, closed form; lm_head closed form "
-        "when untied; other names by torch.func)",
-    )
-    g.add_argument("--n", type=int, default=8, help="responses per batch (8)")
-    g.add_argument(
-        "--reps", type=int, default=400, help="Monte Carlo batches for batch-dependent mappings"
+    options.add_estimator_options(
+        g, reps=400, reps_help="Monte Carlo batches for batch-dependent mappings"
     )
     g.add_argument("--batch-size", type=int, default=256, help="tree nodes per forward call")
-    p.add_argument(
-        "--behaviour",
-        "-b",
-        action="append",
-        metavar="SPEC",
-        help="a behaviour mu (repeatable; default: temperature:1.3)",
-    )
+    options.add_behaviour_option(p, help="a behaviour mu (repeatable; default: temperature:1.3)")
     p.add_argument("--out", metavar="FILE", help="write the tables (.csv or .parquet)")
 
 
 def run_exact(args) -> int:
-    cli = _cli()
-    cli._check_out(args.out)
-    k = cli._positive(args.k, "-k")
-    cli._positive(args.n, "--n")
-    cli._positive(args.reps, "--reps", 2)
-    cli._positive(args.batch_size, "--batch-size")
+    options.check_out(args.out)
+    k = at_least(args.k, "-k")
+    at_least(args.n, "--n")
+    at_least(args.reps, "--reps", 2)
+    at_least(args.batch_size, "--batch-size")
     specs = args.behaviour or ["temperature:1.3"]
-    gens = [cli._parse_behaviour(s) for s in specs]
-    names = cli._mapping_names(args.mappings)
+    gens = [options.parse_behaviour(s) for s in specs]
+    names = options.mapping_names(args.mappings)
     model, tokenizer, task, eos = _load_with_target(args, k)
     import pandas as pd
 
@@ -134,7 +108,7 @@ def run_exact(args) -> int:
 
     tables = []
     for spec, gen in zip(specs, gens):
-        try:
+        with usage_errors(ValueError, MemoryError, prefix=f"-b {spec}: "):
             res = exact.exact_study(
                 model,
                 task,
@@ -150,8 +124,6 @@ def run_exact(args) -> int:
                 seed=args.seed,
                 batch_size=args.batch_size,
             )
-        except (ValueError, MemoryError) as err:
-            raise cli._cli_error(f"-b {spec}: {err}") from None
         leaves = sum(t.n_leaves for t in res.trees)
         nodes = sum(t.n_nodes for t in res.trees)
         print(
@@ -167,25 +139,24 @@ def run_exact(args) -> int:
                 file=sys.stderr,
             )
         table = res.table.assign(behaviour=spec)
-        cli._print(table, EXACT_COLUMNS)
+        options.print_table(table, EXACT_COLUMNS)
         tables.append(table)
-    cli._write(pd.concat(tables, ignore_index=True), args.out)
+    options.write_out(pd.concat(tables, ignore_index=True), args.out)
     return 0
 
 
-def add_dump(sub, cli) -> None:
-    """Add ``simkit lm dump``; ``cli`` is :mod:`simkit.lm.cli`."""
-    _CLI["module"] = cli
-    p = sub.add_parser(
+def add_dump(sub) -> None:
+    """Add ``simkit lm dump`` to the ``lm`` subparsers ``sub``."""
+    p = add_command(
+        sub,
         "dump",
         help="write rollouts with known mismatch in verl / TRL / long format (for diagnose)",
-        formatter_class=cli._Formatter,
         description=(
             "Sample responses from mu, score them under pi and mu, and write the per-token\n"
             "log-probs, mask and rewards as a trainer logs them (verl or TRL column names, or\n"
             "a long per-token table), with <out>.meta.json holding the exact per-token chi2,\n"
             "KL and TV (over the vocabulary) that simkit diagnose should recover.\n\n"
-            + cli._BEHAVIOUR_HELP
+            + options.BEHAVIOUR_HELP
         ),
         epilog=(
             "examples:\n"
@@ -194,13 +165,9 @@ def add_dump(sub, cli) -> None:
             "  simkit diagnose dump.parquet\n"
         ),
     )
-    cli._add_model_args(p)
-    p.add_argument(
-        "--behaviour",
-        "-b",
-        default="temperature:1.3",
-        metavar="SPEC",
-        help="the behaviour mu (default: %(default)s)",
+    options.add_model_options(p)
+    options.add_behaviour_option(
+        p, default="temperature:1.3", help="the behaviour mu (default: %(default)s)"
     )
     p.add_argument("--n", type=int, default=256, help="responses (256)")
     p.add_argument(
@@ -214,17 +181,14 @@ def add_dump(sub, cli) -> None:
 
 
 def run_dump(args) -> int:
-    from pathlib import Path
-
-    cli = _cli()
     if Path(args.out).suffix not in (".parquet", ".jsonl", ".json"):
-        raise cli._cli_error(f"--out must end in .parquet or .jsonl, got {args.out!r}")
-    cli._positive(args.n, "--n")
-    gen = cli._parse_behaviour(args.behaviour)
-    model, tokenizer, task, eos = cli._load(args)
+        raise CLIError(f"--out must end in .parquet or .jsonl, got {args.out!r}")
+    at_least(args.n, "--n")
+    gen = options.parse_behaviour(args.behaviour)
+    model, tokenizer, task, eos = options.load(args)
     from simkit.lm import dump
 
-    try:
+    with usage_errors(ValueError):
         table, meta = dump.dump_table(
             model,
             task,
@@ -236,8 +200,6 @@ def run_dump(args) -> int:
             seed=args.seed,
             fmt=args.format,
         )
-    except ValueError as err:
-        raise cli._cli_error(str(err)) from None
     path, side = dump.write(table, meta, args.out)
     print(
         f"wrote {path} ({len(table)} rows) and {side}: chi2_tok = {meta['chi2_tok']:.4g}, "

@@ -43,6 +43,7 @@ import copy
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -203,10 +204,7 @@ class Temperature(_Generator):
         object.__setattr__(self, "tau", tau)
 
     def transform(self):
-        if self.tau == 1.0:
-            return None
-        tau = self.tau
-        return lambda z: temperature_logits(z, tau)
+        return None if self.tau == 1.0 else partial(temperature_logits, tau=self.tau)
 
 
 @_register
@@ -229,10 +227,7 @@ class TopP(_Generator):
         object.__setattr__(self, "p", p)
 
     def transform(self):
-        if self.p >= 1.0:
-            return None
-        p = self.p
-        return lambda z: top_p_logits(z, p)
+        return None if self.p >= 1.0 else partial(top_p_logits, p=self.p)
 
 
 @_register
@@ -272,10 +267,7 @@ class Precision(_Generator):
         return self.scope == "forward"
 
     def transform(self):
-        if self.scope == "forward":
-            return None
-        dtype = self.dtype
-        return lambda z: round_logits(z, dtype)
+        return None if self.scope == "forward" else partial(round_logits, dtype=self.dtype)
 
     def prepare(self, model, **kwargs) -> MismatchPair:
         if self.scope == "logits":
@@ -378,19 +370,10 @@ class Staleness(_Generator):
         T = self.max_new_tokens or max_new_tokens
         if T is None:
             raise ValueError("staleness: set max_new_tokens (no study length to default to)")
+        settings = {f.name: getattr(self, f.name) for f in fields(self)}  # stale_target's
+        settings["max_new_tokens"] = int(T)  # arguments, with the response length resolved
         target = stale_target(
-            model,
-            task,
-            steps=self.steps,
-            lr=self.lr,
-            optimizer=self.optimizer,
-            batch_size=self.batch_size,
-            loss=self.loss,
-            params=self.params,
-            max_new_tokens=int(T),
-            seed=self.seed,
-            tokenizer=tokenizer,
-            eos_token_id=eos_token_id,
+            model, task, **settings, tokenizer=tokenizer, eos_token_id=eos_token_id
         )
         return MismatchPair(
             target, Behaviour(model=model, name=self.name, strength=float(self.steps)), self
@@ -502,6 +485,20 @@ def resolve_behaviour(
         "behaviour must be None, a temperature (float), a simkit.lm.behaviour.Behaviour, a "
         "simkit.lm.mismatch generator or MismatchPair; got "
         f"{type(behaviour).__name__}"
+    )
+
+
+def prepare_pair(behaviour, model, task=None, tokenizer=None, eos_token_id=None, T=None):
+    """(π's network, μ) for responses of ``T`` tokens to the prompts of ``task``: the
+    :func:`resolve_behaviour` call every study makes (a staleness generator trains π on
+    ``task``; ``tokenizer`` and ``eos_token_id`` as the responses are drawn)."""
+    return resolve_behaviour(
+        behaviour,
+        model,
+        task=task,
+        tokenizer=tokenizer,
+        eos_token_id=eos_token_id,
+        max_new_tokens=T,
     )
 
 
@@ -692,14 +689,7 @@ def measure(
     T = _integer(max_new_tokens, "max_new_tokens", 1)
     rows_per_call = _integer(rows_per_call, "rows_per_call", 1)
     behaviour = coerce(behaviour)
-    pi, mu = resolve_behaviour(
-        behaviour,
-        model,
-        task=task,
-        tokenizer=tokenizer,
-        eos_token_id=eos_token_id,
-        max_new_tokens=T,
-    )
+    pi, mu = prepare_pair(behaviour, model, task, tokenizer, eos_token_id, T)
     prompts = task.prompt_ids(tokenizer)
     ss_prompt, ss_sample = np.random.SeedSequence(seed).spawn(2)
     rng = np.random.default_rng(ss_prompt)

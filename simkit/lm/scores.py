@@ -187,11 +187,7 @@ def head_scores(
     if not names or not set(names) <= set(supported):
         raise ValueError(f"head_scores supports {supported}, got {names}")
     p = int(prompt_length)
-    norm, head = model.model.norm, model.lm_head
-    x = hidden[:, p - 1 : -1].double()
-    n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + float(norm.variance_epsilon))
-    gamma = norm.weight.detach().double()
-    W = head.weight.detach().double()
+    n, gamma, W = normed_head_inputs(model, hidden[:, p - 1 : -1])
     a = n * gamma
     probs = torch.softmax(a @ W.T, dim=-1)  # (N, T, V)
     resid = -probs
@@ -205,6 +201,18 @@ def head_scores(
     out = torch.cat(parts, dim=-1)
     assert out.shape[1] == T
     return out
+
+
+def normed_head_inputs(model, x: torch.Tensor):
+    """(n, γ, W) in float64 from the final norm's input ``x`` (..., d): n = x/√(mean x² + ε)
+    (RMSNorm without its weight), γ = ``model.model.norm.weight`` (d,) and W =
+    ``model.lm_head.weight`` (V, d), detached — what the closed-form scores of
+    :func:`head_scores` and of the top-k tree (:mod:`simkit.lm.exact`, :mod:`simkit.lm.topk`)
+    are computed from, logits z = W(γ ⊙ n)."""
+    norm = model.model.norm
+    x = x.double()
+    n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + float(norm.variance_epsilon))
+    return n, norm.weight.detach().double(), model.lm_head.weight.detach().double()
 
 
 def per_token_scores(

@@ -70,7 +70,7 @@ from simkit.experiment.table import DIVERGENCE_COLUMNS, ESTIMATOR_COLUMNS, METRI
 from simkit.lm._checks import integer_at_least
 from simkit.lm.behaviour import Behaviour
 from simkit.lm.metrics import _resample_weights, gradient_metrics
-from simkit.lm.mismatch import resolve_behaviour
+from simkit.lm.mismatch import prepare_pair
 from simkit.lm.sampling import _chunked_draws, _draw, _model_device_dtype, _seed_of
 from simkit.lm.scores import (
     GRAD_METHODS,
@@ -336,14 +336,7 @@ def gradient_study(
     clash = sorted(set(setting) & _RESERVED)
     if clash:
         raise ValueError(f"setting keys {clash} clash with result columns; rename them")
-    model, mu = resolve_behaviour(
-        behaviour,
-        model,
-        task=task,
-        tokenizer=tokenizer,
-        eos_token_id=eos_token_id,
-        max_new_tokens=T,
-    )
+    model, mu = prepare_pair(behaviour, model, task, tokenizer, eos_token_id, T)
     setting = {"behaviour": mu.name, "strength": mu.strength, **setting}
     param_names = select_parameters(model, params)
     grad_method = resolve_grad_method(model, param_names, grad_method)

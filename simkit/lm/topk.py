@@ -19,6 +19,7 @@ import torch
 from simkit.lm import study as _study
 from simkit.lm._checks import integer_at_least
 from simkit.lm.exact import _head_edge_scores, _support_log_probs
+from simkit.lm.scores import normed_head_inputs
 
 #: logits outside the top k are set this far below the largest logit (exp(−1e4) = 0 exactly)
 _GAP = 1e4
@@ -88,11 +89,8 @@ class TopK(torch.nn.Module):
         θ ⊆ {final norm weight, untied lm_head}: :func:`simkit.lm.experiment.head_scores` with
         the softmax restricted to each position's top-k support (module docstring)."""
         p = int(prompt_length)
-        norm, head = self.model.norm, self.lm_head
-        x = hidden[:, p - 1 : -1].double()
-        n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + float(norm.variance_epsilon))
-        gamma = norm.weight.detach().double()
-        W = head.weight.detach().double()
+        x = hidden[:, p - 1 : -1]
+        n, gamma, W = normed_head_inputs(self, x)
         z = (n * gamma) @ W.T
         N, T, V = z.shape
         support = torch.topk(z.float(), self.k, dim=-1).indices

@@ -224,9 +224,7 @@ def predict_with_intervals(
     boots = {k: [] for k in METRICS}
     for _ in range(n_boot):
         rows = rng.integers(0, rollouts.N, size=rollouts.N)
-        b = predict(
-            rollouts.take(rows), estimators, n, reps=reps, seed=seed, bins=bins, segments=segments
-        )
+        b = predict(rollouts.take(rows), estimators, n, **kw)  # the same twin, refitted
         for key in METRICS:
             boots[key].append(b[f"rel_{key}"].to_numpy())
     tail = (1.0 - level) / 2.0

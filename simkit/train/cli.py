@@ -19,6 +19,16 @@ import argparse
 import sys
 from pathlib import Path
 
+from simkit.cli_common import (
+    add_backend_options,
+    add_command,
+    check_output_directory,
+    check_table_file,
+    run_sweep_command,
+    save_table,
+    table_text,
+    usage_errors,
+)
 from simkit.cli_errors import CLIError
 
 __all__ = ["register", "run"]
@@ -102,10 +112,10 @@ examples:
 
 def register(subparsers) -> argparse.ArgumentParser:
     """Add ``train`` to ``simkit``'s subparsers; returns its parser."""
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "train",
         help="training dynamics: learning curves under staleness and inference mismatch",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         description=DESCRIPTION,
         epilog=EPILOG,
     )
@@ -116,9 +126,7 @@ def register(subparsers) -> argparse.ArgumentParser:
         help='a training sweep config (TOML, kind = "train"); omit it for one run',
     )
     g = p.add_argument_group("config form (simkit train CONFIG.toml)")
-    g.add_argument("--backend", choices=["serial", "processes", "dask"], default="serial")
-    g.add_argument("--workers", type=int, metavar="N", help="processes / LocalCluster workers")
-    g.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler, e.g. tcp://host:8786")
+    add_backend_options(g)
 
     g = p.add_argument_group("environment (one run)")
     g.add_argument(
@@ -365,11 +373,9 @@ def _estimator(args):
         if args.param:
             _error("--param applies to --mapping (a recipe fixes its hyperparameters)")
         name = args.recipe or "grpo"
-        try:
+        with usage_errors(KeyError):
             return recipe(name, group_size=args.group_size)
-        except KeyError as err:
-            _error(err.args[0])
-    try:
+    with usage_errors(KeyError, TypeError, ValueError):
         mapping = mappings.get(args.mapping, **_key_values(args.param, "--param"))
         group = args.advantage in ("grpo", "dr_grpo", "rloo")
         return Estimator(
@@ -378,8 +384,6 @@ def _estimator(args):
             advantage=args.advantage,
             group_size=args.group_size if group else None,
         )
-    except (KeyError, TypeError, ValueError) as err:
-        _error(err.args[0] if isinstance(err, KeyError) and err.args else str(err))
 
 
 def _environment(args):
@@ -388,7 +392,7 @@ def _environment(args):
     kwargs = _key_values(args.env_arg, "--env-arg")
     if args.env == "at_least_k" and "k" not in kwargs:
         kwargs["k"] = max(1, args.T // 4)
-    try:
+    with usage_errors(ConfigError, rename=_as_typed):
         cfg = TokenMDPConfig(
             constructor=args.env,
             V=args.V,
@@ -398,15 +402,13 @@ def _environment(args):
             scale=args.scale,
             kwargs=kwargs,
         )
-    except ConfigError as err:
-        _error(_as_typed(str(err)))
     return cfg.build(args.T)
 
 
 def _train_config(args):
     from simkit.train import Mismatch, TrainConfig
 
-    try:
+    with usage_errors(TypeError, ValueError, rename=_as_typed):
         mismatch = Mismatch(
             logit_noise=args.logit_noise,
             precision=args.precision,
@@ -432,20 +434,19 @@ def _train_config(args):
             features=args.features,
             feature_rank=args.feature_rank,
         )
-    except (TypeError, ValueError) as err:
-        _error(_as_typed(str(err)))
 
 
 def _run_one(args) -> int:
     from simkit.train import TrainError, checkpoint_step, train
     from simkit.train.analysis import optimal_J
 
-    if args.table is not None and not args.table.endswith((".csv", ".parquet")):
-        _error(f"--table must end with .csv or .parquet, got {args.table!r}")
+    if args.table is not None:
+        check_table_file(args.table, "--table")
     if args.stop_after is not None and args.out is None:
         _error("--stop-after needs --out (the partial run is checkpointed there)")
     _check_int_options(args)
-    _check_outputs(args.out, args.table)
+    if args.out is not None:
+        check_output_directory(args.out, "--out")
     env = _environment(args)
     config = _train_config(args)
     if args.out is not None and Path(args.out).exists():
@@ -455,7 +456,7 @@ def _run_one(args) -> int:
             done = 0
         if done:
             print(f"resuming {args.out} from step {done}", file=sys.stderr)
-    try:
+    with usage_errors(TrainError, ValueError, FloatingPointError, rename=_as_typed):
         with _warnings_as_lines():  # a damaged checkpoint's fallback, as one line each
             table = train(
                 env,
@@ -466,13 +467,8 @@ def _run_one(args) -> int:
                 stop_after=args.stop_after,
                 progress=not args.no_progress,
             )
-    except (TrainError, ValueError, FloatingPointError) as err:
-        _error(_as_typed(str(err)))
     if args.table is not None:
-        from simkit.sweep import write_table
-
-        write_table(table, args.table)  # atomically: never a half-written file
-        print(f"table written to {args.table}", file=sys.stderr)
+        save_table(table, args.table)
     print(_run_report(table, config, env.J(), optimal_J(env)))
     return 0
 
@@ -494,23 +490,9 @@ def _warnings_as_lines():
     return context()
 
 
-def _check_outputs(out, table) -> None:
-    """--out (a directory) and --table (a file) must be writable: checked before any work."""
-    from simkit._validation import check_output_dir, check_output_file
-
-    try:
-        if out is not None:
-            check_output_dir(out, "--out")
-        if table is not None:
-            check_output_file(table, "--table")
-    except ValueError as err:
-        _error(str(err))
-
-
 def _run_report(table, config, J_start: float, J_star: float) -> str:
     """A few recorded rows (about ten, evenly spaced) and the run's summary."""
     import numpy as np
-    import pandas as pd
 
     from simkit.train.analysis import run_summary
 
@@ -522,10 +504,7 @@ def _run_report(table, config, J_start: float, J_star: float) -> str:
     if len(rec):
         idx = np.unique(np.linspace(0, len(rec) - 1, min(len(rec), 11)).round().astype(int))
         cols = ["step", "J", "cosine", "chi2_seq", "ess", "zero_frac", "grad_norm"]
-        with pd.option_context("display.width", 160, "display.max_columns", None):
-            lines.append(
-                rec.iloc[idx][cols].to_string(index=False, float_format=lambda v: f"{v:.4g}")
-            )
+        lines.append(table_text(rec.iloc[idx][cols]))
         s = run_summary(table.assign(run=0), "run", J_star=J_star).iloc[0]
         lines.append(
             f"steps {int(s.steps)}: J start {s.J_start:.4f}, final {s.J_final:.4f}, peak "
@@ -556,32 +535,15 @@ def _run_config(args) -> int:
             f"--{explicit[0].replace('_', '-')} is a one-run option; a config file sets the "
             "runs itself (edit the config, or omit CONFIG for one run)"
         )
-    try:
+    with usage_errors(_config.ConfigError):
         cfg = _config.load_config(args.config)
-    except _config.ConfigError as err:
-        _error(str(err))
     if not isinstance(cfg, _config.TrainSweepConfig):
         _error(
             f'{args.config} is an experiment sweep (no kind = "train"): run it with '
             "'simkit sweep' or 'simkit run'"
         )
-    try:
-        sweep.check_backend(args.backend, args.workers, args.scheduler)
-    except (TypeError, ValueError) as err:
-        _error(str(err))
     out = Path(args.out) if args.out is not None else Path("runs") / cfg.name
-    _check_outputs(out, None)
-    try:
-        summary = sweep.run_sweep(
-            cfg,
-            out,
-            backend=args.backend,
-            workers=args.workers,
-            scheduler=args.scheduler,
-            progress=not args.no_progress,
-        )
-    except (_config.ConfigError, sweep.SweepError) as err:
-        _error(str(err))
+    summary = run_sweep_command(cfg, out, args)
     print(f"train: {summary}", file=sys.stderr)
     table = sweep.load_results(out, partial=True)
     if table.empty:
@@ -591,12 +553,6 @@ def _run_config(args) -> int:
     by = ["cell", *setting] if setting else ["cell"]
     runs = run_summary(table, by)
     sweep.write_table(runs, out / "summary.csv")
-    import pandas as pd
-
-    shown = runs.drop(columns=["cell", "steps", "J_min_after_peak"])
-    with pd.option_context(
-        "display.width", 200, "display.max_columns", None, "display.max_rows", None
-    ):
-        print(shown.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(table_text(runs.drop(columns=["cell", "steps", "J_min_after_peak"])))
     print(f"summary written to {out / 'summary.csv'}", file=sys.stderr)
     return 0 if summary.failed == 0 else 1
