@@ -53,6 +53,35 @@ def mark_floor(
     )
 
 
+def annotated_heatmap(
+    ax,
+    values,
+    texts,
+    text_colors,
+    xticklabels,
+    yticklabels,
+    *,
+    cmap,
+    vmin: float,
+    vmax: float,
+    fontsize: float,
+    tick_fontsize: float | None = None,
+):
+    """A grid of cells coloured by ``values`` (rows × columns, row 0 at the top) with
+    ``texts[i][j]`` written in each cell in ``text_colors[i][j]``, the columns and rows
+    labelled ``xticklabels`` and ``yticklabels``, no grid lines. Returns the image (for a
+    colour bar)."""
+    image = ax.imshow(values, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
+    for i, (row_texts, row_colors) in enumerate(zip(texts, text_colors, strict=True)):
+        for j, (text, color) in enumerate(zip(row_texts, row_colors, strict=True)):
+            ax.text(j, i, text, ha="center", va="center", fontsize=fontsize, color=color)
+    tick_kw = {} if tick_fontsize is None else {"fontsize": tick_fontsize}
+    ax.set_xticks(range(len(xticklabels)), xticklabels, **tick_kw)
+    ax.set_yticks(range(len(yticklabels)), yticklabels, **tick_kw)
+    ax.grid(False)
+    return image
+
+
 def finite_positive(values) -> np.ndarray:
     """Replace non-finite or non-positive values by NaN (so log axes skip them)."""
     arr = np.asarray(values, dtype=np.float64).copy()

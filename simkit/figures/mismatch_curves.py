@@ -36,9 +36,11 @@ from simkit.figures.staleness_curves import (
     check_grid,
     collapse_line,
     drift_note,
+    environment_dict,
     environment_note,
+    plot_curves,
     ranking,
-    recipe_style,
+    recipe_legend,
     run_grid,
     schedule_note,
     split_figure,
@@ -133,15 +135,7 @@ def sweep_config(cfg: Config) -> TrainSweepConfig:
         "optimizer": "adam",
         "record_every": cfg.record_every,
         "seeds": list(cfg.seeds),
-        "environment": {
-            "kind": "token_mdp",
-            "constructor": cfg.constructor,
-            "V": cfg.V,
-            "T": [cfg.T],
-            "seed": cfg.env_seed,
-            "scale": cfg.scale,
-            **({"kwargs": dict(cfg.env_kwargs)} if cfg.env_kwargs else {}),
-        },
+        "environment": environment_dict(cfg),
         "mismatch": [mismatch_to_dict(m) for m in cfg.mismatches],
         "estimators": [recipe_entry(r, cfg.group_size) for r in cfg.recipes],
     }
@@ -255,24 +249,12 @@ def draw(data: Data):
     cols = len(order)
     fig, panels = split_figure(2.6 * cols + 1.3, 2.4, data.notes)
     axes = np.atleast_1d(panels.subplots(1, cols, sharey=True, squeeze=False)).ravel()
-    recipes = list(dict.fromkeys(data.curves["recipe"]))
     for ax, label in zip(axes, order, strict=True):
-        for r in recipes:
-            part = data.curves[(data.curves["recipe"] == r) & (data.curves["mismatch"] == label)]
-            x = part["step"].to_numpy(float)
-            (line,) = ax.plot(x, part["mean"], **recipe_style(r, linewidth=1.2))
-            ax.fill_between(x, part["lo"], part["hi"], color=line.get_color(), alpha=0.15, lw=0)
-        ax.axhline(data.J_star, color="0.4", linewidth=0.6, linestyle=":")
+        plot_curves(ax, data.curves, data.J_star, mismatch=label)
         ax.set_title("no mismatch" if label == "none" else label, fontsize=7)
         ax.set_xlabel("optimizer step")
     axes[0].set_ylabel("J(π) (exact)")
-    panels.legend(
-        *axes[0].get_legend_handles_labels(),
-        loc="outside right center",
-        fontsize=6.5,
-        title="recipe",
-        title_fontsize=7,
-    )
+    recipe_legend(panels, axes[0])
     panels.suptitle(
         f"Inference mismatch: {data.config.constructor} (V = {data.config.V}, "
         f"T = {data.config.T}), N = {data.config.minibatches}, mean of "
