@@ -53,6 +53,33 @@ def mark_floor(
     )
 
 
+def mark_x(
+    ax,
+    x: float,
+    text: str,
+    y: float,
+    offset: tuple[float, float],
+    *,
+    linestyle: str = ":",
+    linewidth: float = 0.6,
+    line_color: str = "0.5",
+    **text_kwargs,
+) -> None:
+    """A vertical line at data ``x`` labelled ``text`` at height ``y`` (axes fraction), moved
+    by ``offset`` points; ``text_kwargs`` go to ``Axes.annotate`` (fontsize, color, ha, va,
+    rotation). The vertical counterpart of :func:`mark_floor`: a threshold such as the last T
+    enumerated, an optimal clip C*, or where a log axis draws the value 0."""
+    ax.axvline(x, color=line_color, linewidth=linewidth, linestyle=linestyle)
+    ax.annotate(
+        text,
+        (x, y),
+        xycoords=("data", "axes fraction"),
+        xytext=offset,
+        textcoords="offset points",
+        **text_kwargs,
+    )
+
+
 def annotated_heatmap(
     ax,
     values,
