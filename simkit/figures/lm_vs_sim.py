@@ -68,6 +68,21 @@ MODELS = ("tiny", "smollm2")
 METRICS = ("bias", "variance", "mse")
 #: relative values below this are drawn at it (unbiased mappings have relative bias 0)
 FLOOR = 1e-3
+#: the mappings of the small configurations (here and in ``_lm_vs_sim_mc``; the tests use them)
+SMALL_MAPPINGS = (
+    "naive",
+    "is_token",
+    "is_seq",
+    "ppo_clip",
+    "cispo",
+    "tis_token",
+    "tis_seq",
+    "mis_seq",
+    "gspo",
+    "sapo",
+    "vespo",
+    "snis",
+)
 
 
 @dataclass(frozen=True)
@@ -161,20 +176,7 @@ def config(small: bool = False) -> Config:
             k=3,
             T=4,
             behaviours=("temperature:1.5",),
-            mapping_names=(
-                "naive",
-                "is_token",
-                "is_seq",
-                "ppo_clip",
-                "cispo",
-                "tis_token",
-                "tis_seq",
-                "mis_seq",
-                "gspo",
-                "sapo",
-                "vespo",
-                "snis",
-            ),
+            mapping_names=SMALL_MAPPINGS,
             exact_reps=100,
             reps=40,
             n_ref=300,

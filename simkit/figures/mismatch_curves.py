@@ -33,6 +33,7 @@ import pandas as pd
 
 from simkit.config import TrainSweepConfig, mismatch_to_dict
 from simkit.figures.staleness_curves import (
+    FINAL_J_NOTE,
     check_grid,
     collapse_line,
     drift_note,
@@ -47,7 +48,7 @@ from simkit.figures.staleness_curves import (
     summarize,
 )
 from simkit.train import Mismatch
-from simkit.train.analysis import COLLAPSE_FRACTION, TAIL_FRACTION, band, optimal_J, run_summary
+from simkit.train.analysis import band, optimal_J, run_summary
 from simkit.train.recipes import recipe_entry, recipe_label
 
 NAME = "mismatch_curves"
@@ -226,8 +227,7 @@ def compute(cfg: Config, workers: int | None = None) -> Data:
             if spikes
             else "."
         ),
-        f"Final J = mean exact J over the last {TAIL_FRACTION:.0%} of the steps; a run "
-        f"'collapsed' if it lost more than {COLLAPSE_FRACTION:.0%} of its best gain.",
+        FINAL_J_NOTE,
         drift_note(runs, lambda row: f"under {row['mismatch']}"),
         *paper_verdict(summary, list(order)),
     ]

@@ -75,14 +75,9 @@ class Config:
     seed: int = 0
 
     def __post_init__(self):
-        if self.V < 2:
-            raise ValueError(f"V must be >= 2, got {self.V}")
-        if not self.chi2_toks or any(not c > 0 for c in self.chi2_toks):
-            raise ValueError(f"chi2_toks must be positive, got {self.chi2_toks}")
-        for name in ("lengths", "markov_lengths"):
-            values = getattr(self, name)
-            if not values or min(values) < 1:
-                raise ValueError(f"{name} must be positive integers, got {values}")
+        _common.check_token_grid(
+            self.V, self.chi2_toks, lengths=self.lengths, markov_lengths=self.markov_lengths
+        )
         if self.n < 2:
             raise ValueError(f"n must be >= 2, got {self.n}")
 

@@ -68,6 +68,11 @@ PAPER_COLLAPSING = ("grpo", "gspo", "sapo")
 PAPER_STABLE = "vespo"
 #: a grid with at least this many steps in total runs on a process pool
 PARALLEL_STEPS = 20_000
+#: the note line that defines final J and collapse (training curve figures)
+FINAL_J_NOTE = (
+    f"Final J = mean exact J over the last {TAIL_FRACTION:.0%} of the steps; a run "
+    f"'collapsed' if it lost more than {COLLAPSE_FRACTION:.0%} of its best gain."
+)
 
 
 @dataclass(frozen=True)
@@ -354,8 +359,7 @@ def compute(cfg: Config, workers: int | None = None) -> Data:
     notes = (
         environment_note(sweep, J_start, J_star),
         schedule_note(sweep),
-        f"Final J = mean exact J over the last {TAIL_FRACTION:.0%} of the steps; a run "
-        f"'collapsed' if it lost more than {COLLAPSE_FRACTION:.0%} of its best gain.",
+        FINAL_J_NOTE,
         drift_note(runs, lambda row: f"at N = {row['N']}"),
         *paper_verdict(summary),
     )

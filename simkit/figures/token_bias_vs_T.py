@@ -107,10 +107,7 @@ class Config:
     fit_from: int = 32
 
     def __post_init__(self):
-        if self.V < 2:
-            raise ValueError(f"V must be >= 2, got {self.V}")
-        if not self.lengths or min(self.lengths) < 1:
-            raise ValueError(f"lengths must be positive integers, got {self.lengths}")
+        _common.check_token_grid(self.V, lengths=self.lengths)
         if len(set(self.lengths)) != len(self.lengths):
             raise ValueError(f"lengths has repeats: {self.lengths}")
         if not self.envs or any(e not in ENVS for e in self.envs):
