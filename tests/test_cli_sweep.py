@@ -2,32 +2,11 @@
 
 import pandas as pd
 import pytest
+from conftest import bandit_toml
 
 from simkit import cli, sweep
 
-CONFIG = """
-name = "cli"
-seed = 4
-n = [8, 16]
-reps = 20
-n_boot = 20
-
-[environment]
-kind = "bandit"
-K = 4
-seed = 0
-
-[behaviour]
-family = "logit_noise"
-divergence = "chi2"
-targets = [0.3]
-
-[[estimators]]
-mapping = "naive"
-
-[[estimators]]
-mapping = "snis"
-"""
+CONFIG = bandit_toml("cli", seed=4, targets=(0.3,), estimators=("naive", "snis"))
 
 
 @pytest.fixture

@@ -143,6 +143,25 @@ def test_kernel_shapes_config_validation():
         kernel_shapes.Config(vespo_k_pos=0.5)
 
 
+@pytest.mark.parametrize(
+    ("name", "bad", "message"),
+    [
+        ("ess_khat_vs_T", {"V": 1}, "V must be >= 2, got 1"),
+        ("ess_khat_vs_T", {"chi2_toks": (0.1, 0.0)}, "chi2_toks must be positive"),
+        ("ess_khat_vs_T", {"lengths": ()}, "lengths must be positive integers"),
+        ("seq_variance_vs_T", {"chi2_toks": ()}, "chi2_toks must be positive"),
+        ("seq_variance_vs_T", {"markov_lengths": (0, 4)}, "markov_lengths must be positive"),
+        ("token_bias_vs_T", {"V": 0}, "V must be >= 2, got 0"),
+        ("token_bias_vs_T", {"lengths": (0,)}, "lengths must be positive integers"),
+    ],
+)
+def test_token_figure_configs_name_the_bad_field(name, bad, message):
+    """The token-level figures check V, χ² and length grids alike (_common.check_token_grid)."""
+    module = figures.figure_module(name)
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(module.config(small=True), **bad)
+
+
 def test_kernel_shapes_catalogue_data():
     data = kernel_shapes_catalogue.compute(kernel_shapes_catalogue.config(small=True))
     scalar = [
@@ -325,3 +344,46 @@ def test_divergence_functions_used_by_the_figures_agree():
     rng = np.random.default_rng(0)
     pi, mu = rng.dirichlet(np.ones(10)), rng.dirichlet(np.ones(10))
     assert data.chi2.iloc[0] == pytest.approx(float(divergence.chi2(pi, mu)), rel=1e-14)
+
+
+def test_annotated_heatmap_writes_each_cell_and_labels_the_axes():
+    from simkit.figures import _common
+
+    fig = _common.new_figure(3, 2)
+    ax = fig.subplots()
+    values = np.array([[0.0, 0.5, 1.0], [0.25, 0.75, np.nan]])
+    texts = [["a", "b", "c"], ["d", "e", "f"]]
+    colors = [["white", "black", "black"], ["white", "black", "white"]]
+    image = _common.annotated_heatmap(
+        ax,
+        values,
+        texts,
+        colors,
+        ["1", "2", "3"],
+        ["x", "y"],
+        cmap="viridis",
+        vmin=0,
+        vmax=1,
+        fontsize=6,
+        tick_fontsize=5,
+    )
+    np.testing.assert_array_equal(image.get_array().filled(np.nan), values)
+    placed = {t.get_text(): (t.get_position(), t.get_color()) for t in ax.texts}
+    for i, j in np.ndindex(values.shape):
+        assert placed[texts[i][j]] == ((j, i), colors[i][j])
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "3"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["x", "y"]
+    assert ax.get_xticklabels()[0].get_fontsize() == 5
+    with pytest.raises(ValueError):
+        _common.annotated_heatmap(
+            ax,
+            values,
+            texts[:1],
+            colors,
+            ["1"],
+            ["x"],
+            cmap="viridis",
+            vmin=0,
+            vmax=1,
+            fontsize=6,
+        )

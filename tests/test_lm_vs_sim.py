@@ -8,6 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from simkit.figures import _lm_vs_sim_mc as lm_vs_sim_mc  # noqa: E402
 from simkit.figures import lm_vs_sim, style  # noqa: E402
 
 
@@ -75,17 +76,32 @@ def test_small_draw(small_data, tmp_path):
     assert "ρ" in fig.axes[1].get_title(loc="left")
 
 
-def test_config_validation():
-    cfg = lm_vs_sim.config(small=True)
+@pytest.mark.parametrize("module", [lm_vs_sim, lm_vs_sim_mc], ids=["exact", "monte_carlo"])
+def test_config_validation(module):
+    """Both LM comparisons check their configuration the same way (``check_config``)."""
+    cfg = module.config(small=True)
     with pytest.raises(ValueError, match="model must be one of"):
         dataclasses.replace(cfg, model="gpt")
     with pytest.raises(ValueError, match="include 'naive'"):
         dataclasses.replace(cfg, mapping_names=("is_seq", "ppo_clip"))
+    with pytest.raises(ValueError, match="unknown mappings"):
+        dataclasses.replace(cfg, mapping_names=("naive", "nope"))
     with pytest.raises(ValueError, match="behaviours is empty"):
         dataclasses.replace(cfg, behaviours=())
+    with pytest.raises(ValueError, match="reps must be an integer >= 2"):
+        dataclasses.replace(cfg, reps=1)
+    with pytest.raises(ValueError, match="n must be an integer >= 1"):
+        dataclasses.replace(cfg, n=0)
+    assert module.config().model == "smollm2"
+
+
+def test_config_validation_of_each_comparison():
     with pytest.raises(ValueError, match="k must be"):
-        dataclasses.replace(cfg, k=0)
-    assert lm_vs_sim.config().model == "smollm2"
+        dataclasses.replace(lm_vs_sim.config(small=True), k=0)
+    with pytest.raises(ValueError, match="prompts is empty"):
+        dataclasses.replace(lm_vs_sim.config(small=True), prompts=())
+    with pytest.raises(ValueError, match="twin_V must be >= 3"):
+        dataclasses.replace(lm_vs_sim_mc.config(), twin_V=2)
 
 
 @pytest.mark.skipif(

@@ -97,19 +97,7 @@ def test_small_draw(small_data, tmp_path):
     assert "ρ" in fig.axes[0].get_title(loc="left")
 
 
-def test_config_validation():
-    cfg = lm_vs_sim.config(small=True)
-    with pytest.raises(ValueError, match="model must be one of"):
-        dataclasses.replace(cfg, model="gpt")
-    with pytest.raises(ValueError, match="include 'naive'"):
-        dataclasses.replace(cfg, mapping_names=("is_seq", "ppo_clip"))
-    with pytest.raises(ValueError, match="unknown mappings"):
-        dataclasses.replace(cfg, mapping_names=("naive", "nope"))
-    with pytest.raises(ValueError, match="behaviours is empty"):
-        dataclasses.replace(cfg, behaviours=())
-    with pytest.raises(ValueError, match="reps must be"):
-        dataclasses.replace(cfg, reps=1)
-    assert lm_vs_sim.config().model == "smollm2"
+# configuration checks: tests/test_lm_vs_sim.py::test_config_validation (both modules)
 
 
 @pytest.mark.skipif(

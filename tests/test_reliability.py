@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import bandit_toml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -30,29 +31,11 @@ from simkit.envs import TokenMDP
 
 ROOT = Path(__file__).resolve().parents[1]
 
-TINY = """\
-name = "tiny"
-seed = {seed}
-n = [8, 16]
-reps = 20
-n_boot = 20
 
-[environment]
-kind = "bandit"
-K = 4
-seed = 0
+def tiny_toml(seed: int = 0) -> str:
+    """A tiny bandit sweep (two behaviours, naive and sequence IS) with ``seed``."""
+    return bandit_toml("tiny", seed=seed, targets=(0.1, 0.5))
 
-[behaviour]
-family = "logit_noise"
-divergence = "chi2"
-targets = [0.1, 0.5]
-
-[[estimators]]
-mapping = "naive"
-
-[[estimators]]
-mapping = "is_seq"
-"""
 
 #: a single training run small enough for a subprocess test (12 steps, chunks of 4)
 TRAIN_ARGS = [
@@ -105,7 +88,7 @@ def assert_nothing_half_written(directory: Path) -> None:
 
 def tiny_config(tmp_path: Path, seed: int = 0, name: str = "tiny.toml") -> Path:
     path = tmp_path / name
-    path.write_text(TINY.format(seed=seed), encoding="utf-8")
+    path.write_text(tiny_toml(seed), encoding="utf-8")
     return path
 
 
@@ -401,7 +384,7 @@ def test_sizes_that_cannot_fit_are_refused_with_estimate_limit_and_parameter(tmp
     )
     assert "needs about 473 TiB" in line  # 8 B x (4 T P V + S V), P = S = V + 1
     bandit = tmp_path / "bandit.toml"
-    bandit.write_text(TINY.format(seed=0).replace("K = 4", "K = 2000000000"))
+    bandit.write_text(tiny_toml(0).replace("K = 4", "K = 2000000000"))
     one_line_error(
         _limited(["sweep", bandit, "--out", tmp_path / "b", "--no-progress"]),
         "K = 2000000000",

@@ -4,37 +4,17 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import bandit_toml
 
 from simkit import sweep
 from simkit.figures import report as report_mod
 
-CONFIG = """
-name = "report"
-seed = 1
-n = [8, 16]
-reps = 20
-n_boot = 20
-
-[environment]
-kind = "bandit"
-K = 4
-seed = 0
-
-[behaviour]
-family = "logit_noise"
-divergence = "chi2"
-targets = [0.1, 0.5, 1.0]
-
-[[estimators]]
-mapping = "naive"
-
-[[estimators]]
-mapping = "ppo_clip"
-grid = { eps_high = [0.2, 0.28] }
-
-[[estimators]]
-mapping = "snis"
-"""
+CONFIG = bandit_toml(
+    "report",
+    seed=1,
+    targets=(0.1, 0.5, 1.0),
+    estimators=("naive", ("ppo_clip", "grid = { eps_high = [0.2, 0.28] }"), "snis"),
+)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -36,14 +36,13 @@ torch is imported inside :func:`compute` only (``simkit.figures`` stays importab
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from simkit import mappings
-from simkit.figures import _common, style
+from simkit.figures import _common, lm_vs_sim, style
 
 NAME = "lm_vs_sim_mc"
 TITLE = "Measured on a language model vs predicted by the token-MDP twin"
@@ -109,27 +108,15 @@ class Config:
     seed: int = 0
 
     def __post_init__(self):
-        if self.model not in MODELS:
-            raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
-        if not self.behaviours:
-            raise ValueError("behaviours is empty: name at least one mismatch generator spec")
-        for key in ("T", "n", "reps", "n_ref", "n_pilot", "twin_reps"):
-            value = getattr(self, key)
-            low = 2 if key in ("reps", "n_ref", "twin_reps") else 1
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{key} must be an integer >= {low}, got {value!r}")
+        lm_vs_sim.check_config(
+            self,
+            sizes=("T", "n", "reps", "n_ref", "n_pilot", "twin_reps"),
+            at_least_two=("reps", "n_ref", "twin_reps"),
+        )
         if self.twin_V < 3 and self.stop_at_eos:
             raise ValueError(
                 f"twin_V must be >= 3 with stop_at_eos (answer, other, EOS), got {self.twin_V}"
             )
-        if self.mapping_names is not None:
-            unknown = sorted(set(self.mapping_names) - set(mappings.available()))
-            if unknown:
-                raise ValueError(
-                    f"unknown mappings {unknown}; available: {', '.join(mappings.available())}"
-                )
-            if "naive" not in self.mapping_names:
-                raise ValueError("mapping_names must include 'naive' (the normaliser)")
 
 
 def config(small: bool = False) -> Config:
@@ -143,20 +130,7 @@ def config(small: bool = False) -> Config:
             task_kwargs=(("vocab_size", 64), ("target", 58), ("n_prompts", 4)),
             stop_at_eos=False,
             behaviours=("temperature:2.0",),
-            mapping_names=(
-                "naive",
-                "is_token",
-                "is_seq",
-                "ppo_clip",
-                "cispo",
-                "tis_token",
-                "tis_seq",
-                "mis_seq",
-                "gspo",
-                "sapo",
-                "vespo",
-                "snis",
-            ),
+            mapping_names=lm_vs_sim.SMALL_MAPPINGS,
             T=5,
             n=8,
             reps=100,
@@ -180,41 +154,15 @@ class Data:
 
 
 def load(cfg: Config):
-    """(model, tokenizer, task, eos_token_id) of the configuration (float64 tiny model,
-    float32 SmolLM2, on ``cfg.device``)."""
-    import torch
-
-    from simkit.lm import models, tasks
-
-    if cfg.model == "tiny":
-        model = models.tiny_llama(dtype=torch.float64, init_std=cfg.tiny_init_std, seed=cfg.seed)
-        tokenizer = None
-    else:
-        model, tokenizer = models.load_smollm2(dtype=torch.float32)
-    model = model.to(cfg.device).eval()
-    kwargs = dict(cfg.task_kwargs)
-    if cfg.task == "token":
-        kwargs.setdefault("vocab_size", int(model.config.vocab_size))
-    task = tasks.get_task(cfg.task, **kwargs)
-    eos = None
-    if cfg.stop_at_eos:
-        eos = getattr(tokenizer, "eos_token_id", None)
-        if eos is None:
-            raise ValueError("stop_at_eos needs a tokenizer with an eos_token_id (use smollm2)")
-    return model, tokenizer, task, eos
+    """(model, tokenizer, task, eos_token_id) of the configuration
+    (:func:`simkit.figures.lm_vs_sim.load`; the token task keeps its own default target)."""
+    return lm_vs_sim.load(cfg, default_target=None)
 
 
 def relative_bounds(table: pd.DataFrame, reference: str = "naive") -> pd.DataFrame:
-    """``rel_<m>_lo``/``_hi`` = the row's ``<m>_lo``/``<m>_hi`` over the reference's point
-    value ``<m>`` (m in variance, bias, mse), one row per estimator."""
-    base = table[table["mapping"] == reference].iloc[0]
-    out = table[["estimator"]].copy()
-    for key in METRICS:
-        denom = float(base[key])
-        for side in ("lo", "hi"):
-            col = f"{key}_{side}"
-            out[f"rel_{col}"] = table[col] / denom if denom > 0 else math.nan
-    return out
+    """``rel_<m>_lo``/``_hi`` over the reference's point value for m in :data:`METRICS`
+    (:func:`simkit.figures.lm_vs_sim.relative_bounds`)."""
+    return lm_vs_sim.relative_bounds(table, reference, metrics=METRICS)
 
 
 def compute(cfg: Config) -> Data:
@@ -322,9 +270,8 @@ def compute(cfg: Config) -> Data:
     )
 
 
-_BEHAVIOUR_MARKERS = ("o", "s", "^", "D", "v")
 #: relative values below this are drawn at it (unbiased mappings have relative bias 0)
-FLOOR = 1e-3
+FLOOR = lm_vs_sim.FLOOR
 
 
 def _agreement_line(data: Data, metric: str) -> str:
@@ -346,35 +293,20 @@ def draw(data: Data):
             for row in part.itertuples():
                 x = getattr(row, f"predicted_rel_{key}")
                 y = getattr(row, f"measured_rel_{key}")
-                lo = getattr(row, f"rel_{key}_lo")
-                hi = getattr(row, f"rel_{key}_hi")
                 if not (np.isfinite(x) and np.isfinite(y)):
                     continue
-                floored = x < FLOOR or y < FLOOR
-                x, y = max(x, FLOOR), max(y, FLOOR)
-                values += [x, y]
-                yerr = None
-                if np.isfinite(lo) and np.isfinite(hi):
-                    yerr = [[max(y - max(lo, FLOOR), 0.0)], [max(hi - y, 0.0)]]
-                color = style.color(row.mapping)
-                ax.errorbar(
+                values += lm_vs_sim.scatter_relative(
+                    ax,
                     x,
                     y,
-                    yerr=yerr,
-                    color=color,
-                    marker=_BEHAVIOUR_MARKERS[b % len(_BEHAVIOUR_MARKERS)],
-                    markersize=4,
-                    markerfacecolor="white" if floored else color,
-                    linewidth=0.6,
+                    getattr(row, f"rel_{key}_lo"),
+                    getattr(row, f"rel_{key}_hi"),
+                    color=style.color(row.mapping),
+                    marker=lm_vs_sim.MARKERS[b % len(lm_vs_sim.MARKERS)],
+                    hollow=x < FLOOR or y < FLOOR,
                     label=row.mapping if b == 0 else None,
                 )
-        if values:
-            lo_v, hi_v = min(values) / 1.5, max(values) * 1.5
-            ax.plot([lo_v, hi_v], [lo_v, hi_v], color="0.5", linewidth=0.8, linestyle="--")
-            ax.axhline(1.0, color="0.75", linewidth=0.5)
-            ax.axvline(1.0, color="0.75", linewidth=0.5)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        lm_vs_sim.log_diagonal(ax, values, unit_lines=True)
         ax.set_xlabel(f"predicted {key} / naive (twin)")
         ax.set_ylabel(f"measured {key} / naive (LM)")
         rho = data.agreement[data.agreement.metric == key]
@@ -388,7 +320,7 @@ def draw(data: Data):
         ax.plot(
             part.position,
             part.chi2_lm,
-            marker=_BEHAVIOUR_MARKERS[b % len(_BEHAVIOUR_MARKERS)],
+            marker=lm_vs_sim.MARKERS[b % len(lm_vs_sim.MARKERS)],
             markersize=3,
             label=f"{spec} (LM = twin)",
         )
@@ -413,15 +345,10 @@ def draw(data: Data):
     handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
     labels = ax.get_legend_handles_labels()[1] + twin.get_legend_handles_labels()[1]
     ax.legend(handles, labels, fontsize=5.5, loc="lower left")
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(
-        handles, labels, loc="outside right center", fontsize=6, title="mapping", title_fontsize=7
-    )
+    lm_vs_sim.mapping_legend(fig, axes[0])
     meta = data.meta
     first = meta[behaviours[0]]
-    marks = ", ".join(
-        f"{m} {spec}" for m, spec in zip(("○", "□", "△", "◇", "▽"), behaviours, strict=False)
-    )
+    marks = lm_vs_sim.behaviour_marks(behaviours)
     fig.suptitle(
         f"{meta['model']} LM vs token-MDP twin — task {meta['task']}, T ≤ {meta['T']}, "
         f"n = {meta['n']}, {meta['reps']} batches per behaviour, n_ref = {first['n_ref']}\n"

@@ -27,7 +27,7 @@ import pandas as pd
 
 from simkit import experiment, mappings, shifts
 from simkit.estimators import Estimator
-from simkit.figures import _claims, style
+from simkit.figures import _claims, _common, style
 from simkit.figures.bandit_bias_variance import make_bandit
 from simkit.figures.staleness_curves import split_figure
 
@@ -307,13 +307,13 @@ def draw(data: pd.DataFrame):
             zorder=5,
             label=text,
         )
-    ax.axvline(floor, color="0.5", linewidth=0.6, linestyle="--")
-    ax.annotate(
+    _common.mark_x(
+        ax,
+        floor,
         "bias² = 0",
-        (floor, 0.02),
-        xycoords=("data", "axes fraction"),
-        xytext=(3, 0),
-        textcoords="offset points",
+        0.02,
+        (3, 0),
+        linestyle="--",
         fontsize=7,
         color="0.35",
         rotation=90,

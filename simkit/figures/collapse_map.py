@@ -22,21 +22,20 @@ The grid is ``configs/train_collapse_map.toml`` (:func:`sweep_config`).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from simkit.config import TrainSweepConfig
-from simkit.figures import staleness_curves
+from simkit.figures import _common, staleness_curves
 from simkit.figures.staleness_curves import (
     PAPER_COLLAPSING,
     PAPER_STABLE,
     environment_note,
     run_grid,
     schedule_note,
-    split_figure,
+    split_grid,
 )
 from simkit.train.analysis import (
     COLLAPSE_FRACTION,
@@ -230,36 +229,30 @@ def draw(data: Data):
     recipes = list(dict.fromkeys(data.grid["recipe"]))
     Ns = sorted(data.grid["N"].unique())
     Ts = sorted(data.grid["T"].unique())
-    cols = min(3, len(recipes))
-    rows = math.ceil(len(recipes) / cols)
-    fig, panels = split_figure(2.3 * cols + 0.9, 2.0 * rows + 0.4, data.notes)
-    axes = panels.subplots(rows, cols, squeeze=False).ravel()
+    fig, panels, axes, _ = split_grid(len(recipes), data.notes, (2.3, 2.0), (0.9, 0.4))
     image = None
     for ax, r in zip(axes, recipes, strict=False):
         part = data.grid[data.grid["recipe"] == r].set_index(["N", "T"])
         values = np.array([[part.loc[(N, T), "gain"] for T in Ts] for N in Ns], dtype=float)
-        image = ax.imshow(values, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
-        for i, N in enumerate(Ns):
-            for j, T in enumerate(Ts):
-                v = values[i, j]
-                mark = " ×" if part.loc[(N, T), "collapsed"] > 0 else ""
-                ax.text(
-                    j,
-                    i,
-                    f"{v:.2f}{mark}",
-                    ha="center",
-                    va="center",
-                    fontsize=6,
-                    color="white" if v < 0.55 else "black",
-                )
-        ax.set_xticks(range(len(Ts)), [str(T) for T in Ts])
-        ax.set_yticks(range(len(Ns)), [str(N) for N in Ns])
+        collapsed = [[part.loc[(N, T), "collapsed"] > 0 for T in Ts] for N in Ns]
+        image = _common.annotated_heatmap(
+            ax,
+            values,
+            [
+                [f"{v:.2f}" + (" ×" if c else "") for v, c in zip(vs, cs, strict=True)]
+                for vs, cs in zip(values, collapsed, strict=True)
+            ],
+            [["white" if v < 0.55 else "black" for v in vs] for vs in values],
+            [str(T) for T in Ts],
+            [str(N) for N in Ns],
+            cmap="viridis",
+            vmin=0.0,
+            vmax=1.0,
+            fontsize=6,
+        )
         ax.set_xlabel("sequence length T")
         ax.set_ylabel("staleness N")
         ax.set_title(recipe_label(r), fontsize=8)
-        ax.grid(False)
-    for ax in axes[len(recipes) :]:
-        ax.set_visible(False)
     if image is not None:
         panels.colorbar(image, ax=list(axes[: len(recipes)]), shrink=0.8, label="normalised gain")
     panels.suptitle(

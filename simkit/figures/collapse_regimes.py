@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from simkit.envs.token_mdp import TokenMDP
+from simkit.figures import _common
 from simkit.figures.staleness_curves import split_figure
 from simkit.train import TrainConfig, train
 from simkit.train.analysis import (
@@ -360,26 +361,30 @@ def _panel(ax, part: pd.DataFrame, rows, cols, row_key, col_key, fmt_row):
 
     labels = list(FAILURE_LABELS)
     cmap = ListedColormap([LABEL_COLORS[lab] for lab in labels])
-    values = np.full((len(rows), len(cols)), np.nan)
     index = part.set_index([row_key, col_key])
-    for i, rv in enumerate(rows):
-        for j, cv in enumerate(cols):
-            row = index.loc[(rv, cv)]
-            values[i, j] = labels.index(row["label"])
-            ax.text(
-                j,
-                i,
-                f"{LABEL_SHORT[row['label']]} {row['count']}/{row['runs']}\n"
-                f"KL {row['kl_seq_max']:.2g}",
-                ha="center",
-                va="center",
-                fontsize=4.8,
-                color="white" if row["label"] in ("collapse", "determinism") else "black",
-            )
-    ax.imshow(values, cmap=cmap, vmin=-0.5, vmax=len(labels) - 0.5, aspect="auto")
-    ax.set_xticks(range(len(cols)), [str(c) for c in cols], fontsize=5.5)
-    ax.set_yticks(range(len(rows)), [fmt_row(r) for r in rows], fontsize=5.5)
-    ax.grid(False)
+    cells = [[index.loc[(rv, cv)] for cv in cols] for rv in rows]
+    _common.annotated_heatmap(
+        ax,
+        np.array([[labels.index(c["label"]) for c in line] for line in cells], dtype=float),
+        [
+            [
+                f"{LABEL_SHORT[c['label']]} {c['count']}/{c['runs']}\nKL {c['kl_seq_max']:.2g}"
+                for c in line
+            ]
+            for line in cells
+        ],
+        [
+            ["white" if c["label"] in ("collapse", "determinism") else "black" for c in line]
+            for line in cells
+        ],
+        [str(c) for c in cols],
+        [fmt_row(r) for r in rows],
+        cmap=cmap,
+        vmin=-0.5,
+        vmax=len(labels) - 0.5,
+        fontsize=4.8,
+        tick_fontsize=5.5,
+    )
 
 
 def draw(data: Data):

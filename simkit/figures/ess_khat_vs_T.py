@@ -63,12 +63,7 @@ class Config:
     seed: int = 0
 
     def __post_init__(self):
-        if self.V < 2:
-            raise ValueError(f"V must be >= 2, got {self.V}")
-        if not self.chi2_toks or any(not c > 0 for c in self.chi2_toks):
-            raise ValueError(f"chi2_toks must be positive, got {self.chi2_toks}")
-        if not self.lengths or min(self.lengths) < 1:
-            raise ValueError(f"lengths must be positive integers, got {self.lengths}")
+        _common.check_token_grid(self.V, self.chi2_toks, lengths=self.lengths)
         if self.n < 25:
             raise ValueError(f"n must be >= 25 (PSIS needs a tail), got {self.n}")
         if self.reps < 2:

@@ -128,24 +128,20 @@ def draw(data: dict):
     shades = ("-", "--", "-.", ":")
     for k, (m, part) in enumerate(lines.groupby("mean_log_ratio", sort=True)):
         ls = shades[k % len(shades)]
-        ax_a.plot(
-            part["T"],
-            part.is_seq,
-            color=style.color("is_seq"),
-            linestyle=ls,
-            marker=style.marker("is_seq"),
-            markersize=2.5,
-            label=f"true W = e^(T·m), m = {m:+g}",
-        )
-        ax_a.plot(
-            part["T"],
-            part.gspo,
-            color=style.color("gspo"),
-            linestyle=ls,
-            marker=style.marker("gspo"),
-            markersize=2.5,
-            label="GSPO s = e^m (every m, ≈ 1)" if k == 0 else None,
-        )
+        labels = {
+            "is_seq": f"true W = e^(T·m), m = {m:+g}",
+            "gspo": "GSPO s = e^m (every m, ≈ 1)" if k == 0 else None,
+        }
+        for name, label in labels.items():
+            ax_a.plot(
+                part["T"],
+                part[name],
+                color=style.color(name),
+                linestyle=ls,
+                marker=style.marker(name),
+                markersize=2.5,
+                label=label,
+            )
     ax_a.set_xscale("log", base=2)
     ax_a.set_yscale("log")
     ax_a.set_xlabel("sequence length T")

@@ -317,20 +317,11 @@ def draw(data: Data):
         for recipe in data.config.recipes:
             c = data.curves[(data.curves["recipe"] == recipe) & (data.curves["N"] == N)]
             x = c["step"].to_numpy(float)
-            (line,) = ax.plot(x, c["J"], **sim_curves.recipe_style(recipe, linewidth=1.2))
-            ax.fill_between(
-                x, c["J"] - c["se"], c["J"] + c["se"], color=line.get_color(), alpha=0.15, lw=0
-            )
+            sim_curves.plot_band(ax, recipe, x, c["J"], c["J"] - c["se"], c["J"] + c["se"])
         ax.set_title(f"N = {N}")
         ax.set_xlabel("optimizer step")
     axes[0].set_ylabel("held-out J (± SE)")
-    panels.legend(
-        *axes[0].get_legend_handles_labels(),
-        loc="outside right center",
-        fontsize=6.5,
-        title="recipe",
-        title_fontsize=7,
-    )
+    sim_curves.recipe_legend(panels, axes[0])
     panels.suptitle(
         f"tiny Llama (vocab {data.config.vocab_size}, hidden {data.config.hidden_size}), "
         f"mean of {len(data.config.seeds)} seeds, ±SE band",

@@ -68,6 +68,21 @@ MODELS = ("tiny", "smollm2")
 METRICS = ("bias", "variance", "mse")
 #: relative values below this are drawn at it (unbiased mappings have relative bias 0)
 FLOOR = 1e-3
+#: the mappings of the small configurations (here and in ``_lm_vs_sim_mc``; the tests use them)
+SMALL_MAPPINGS = (
+    "naive",
+    "is_token",
+    "is_seq",
+    "ppo_clip",
+    "cispo",
+    "tis_token",
+    "tis_seq",
+    "mis_seq",
+    "gspo",
+    "sapo",
+    "vespo",
+    "snis",
+)
 
 
 @dataclass(frozen=True)
@@ -115,25 +130,37 @@ class Config:
     seed: int = 0
 
     def __post_init__(self):
-        if self.model not in MODELS:
-            raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
-        if not self.behaviours:
-            raise ValueError("behaviours is empty: name at least one mismatch generator spec")
-        for key in ("k", "T", "n", "exact_reps", "reps", "n_ref", "n_pilot", "n_log", "twin_boot"):
-            value = getattr(self, key)
-            low = 2 if key in ("reps", "n_ref", "exact_reps", "n_log") else 1
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{key} must be an integer >= {low}, got {value!r}")
-        if self.mapping_names is not None:
-            unknown = sorted(set(self.mapping_names) - set(mappings.available()))
-            if unknown:
-                raise ValueError(
-                    f"unknown mappings {unknown}; available: {', '.join(mappings.available())}"
-                )
-            if "naive" not in self.mapping_names:
-                raise ValueError("mapping_names must include 'naive' (the normaliser)")
+        check_config(
+            self,
+            sizes=("k", "T", "n", "exact_reps", "reps", "n_ref", "n_pilot", "n_log", "twin_boot"),
+            at_least_two=("reps", "n_ref", "exact_reps", "n_log"),
+        )
         if not self.prompts:
             raise ValueError("prompts is empty: name at least one prompt index")
+
+
+def check_config(cfg, sizes: tuple[str, ...], at_least_two: tuple[str, ...]) -> None:
+    """The checks every LM-vs-simulation configuration shares (this module's :class:`Config`
+    and :class:`simkit.figures._lm_vs_sim_mc.Config`): ``model`` in :data:`MODELS`, at least
+    one behaviour, the fields named in ``sizes`` integers ≥ 1 (≥ 2 for those in
+    ``at_least_two``), and ``mapping_names`` (None, or registered names including ``naive``)."""
+    if cfg.model not in MODELS:
+        raise ValueError(f"model must be one of {MODELS}, got {cfg.model!r}")
+    if not cfg.behaviours:
+        raise ValueError("behaviours is empty: name at least one mismatch generator spec")
+    for key in sizes:
+        value = getattr(cfg, key)
+        low = 2 if key in at_least_two else 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{key} must be an integer >= {low}, got {value!r}")
+    if cfg.mapping_names is not None:
+        unknown = sorted(set(cfg.mapping_names) - set(mappings.available()))
+        if unknown:
+            raise ValueError(
+                f"unknown mappings {unknown}; available: {', '.join(mappings.available())}"
+            )
+        if "naive" not in cfg.mapping_names:
+            raise ValueError("mapping_names must include 'naive' (the normaliser)")
 
 
 def config(small: bool = False) -> Config:
@@ -149,20 +176,7 @@ def config(small: bool = False) -> Config:
             k=3,
             T=4,
             behaviours=("temperature:1.5",),
-            mapping_names=(
-                "naive",
-                "is_token",
-                "is_seq",
-                "ppo_clip",
-                "cispo",
-                "tis_token",
-                "tis_seq",
-                "mis_seq",
-                "gspo",
-                "sapo",
-                "vespo",
-                "snis",
-            ),
+            mapping_names=SMALL_MAPPINGS,
             exact_reps=100,
             reps=40,
             n_ref=300,
@@ -185,8 +199,12 @@ class Data:
     meta: dict = field(default_factory=dict)
 
 
-def load(cfg: Config):
-    """(model, tokenizer, task, eos_token_id) of the configuration."""
+def load(cfg, default_target: int | None = 0):
+    """(model, tokenizer, task, eos_token_id) of the configuration ``cfg`` (this module's
+    :class:`Config` or :class:`simkit.figures._lm_vs_sim_mc.Config`): the float64 tiny Llama
+    or float32 SmolLM2 on ``cfg.device``. The token task's target is ``default_target`` unless
+    ``cfg.task_kwargs`` names one (None: the task's own default), or the rank-2 token at the
+    first prompt's root when ``cfg.target_auto``."""
     import torch
 
     from simkit.lm import models, tasks
@@ -200,9 +218,10 @@ def load(cfg: Config):
     kwargs = dict(cfg.task_kwargs)
     if cfg.task == "token":
         kwargs.setdefault("vocab_size", int(model.config.vocab_size))
-        kwargs.setdefault("target", 0)
+        if default_target is not None:
+            kwargs.setdefault("target", default_target)
     task = tasks.get_task(cfg.task, **kwargs)
-    if cfg.target_auto:
+    if getattr(cfg, "target_auto", False):
         from simkit.lm.exact_cli import auto_target
 
         target = auto_target(model, [task.prompt_ids(tokenizer)[cfg.prompts[0]]], cfg.k)
@@ -235,6 +254,22 @@ def resolved(lo, hi) -> bool:
     i, j = np.triu_indices(k, 1)
     disjoint = (hi[i] < lo[j]) | (hi[j] < lo[i])
     return bool(disjoint.mean() >= 0.5)
+
+
+def relative_bounds(
+    table: pd.DataFrame, reference: str = "naive", metrics: tuple[str, ...] = METRICS
+) -> pd.DataFrame:
+    """``rel_<m>_lo``/``_hi`` = the row's ``<m>_lo``/``<m>_hi`` over the reference mapping's
+    point value ``<m>`` (NaN when that is not positive), one row per estimator, for m in
+    ``metrics`` (in that order)."""
+    base = table[table["mapping"] == reference].iloc[0]
+    out = table[["estimator"]].copy()
+    for key in metrics:
+        denom = float(base[key])
+        for side in ("lo", "hi"):
+            col = f"{key}_{side}"
+            out[f"rel_{col}"] = table[col] / denom if denom > 0 else math.nan
+    return out
 
 
 def _old_twin(cfg, ex, ests):
@@ -332,7 +367,7 @@ def compute(cfg: Config) -> Data:
             n_boot=50,
             progress=False,
         ).set_index("estimator")
-        base = mc_t[mc_t.mapping == "naive"].iloc[0]
+        mc_bounds = relative_bounds(mc_t)
         # (b) the distribution-matched twin from logged responses of μ_k
         t0 = time.perf_counter()
         rng = np.random.default_rng(cfg.seed + 200 + i)
@@ -372,11 +407,8 @@ def compute(cfg: Config) -> Data:
         for key in METRICS:
             cmp[f"exact_rel_{key}"] = truth[f"rel_{key}"].to_numpy()
             cmp[f"mc_rel_{key}"] = mc_rel[f"rel_{key}"].to_numpy()
-            denom = float(base[key])
             for side in ("lo", "hi"):
-                cmp[f"mc_rel_{key}_{side}"] = (
-                    mc_t[f"{key}_{side}"].to_numpy() / denom if denom > 0 else math.nan
-                )
+                cmp[f"mc_rel_{key}_{side}"] = mc_bounds[f"rel_{key}_{side}"].to_numpy()
             cmp[f"twin_rel_{key}"] = tw[f"rel_{key}"].to_numpy()
             cmp[f"twin_rel_{key}_lo"] = tw[f"rel_{key}_lo"].to_numpy()
             cmp[f"twin_rel_{key}_hi"] = tw[f"rel_{key}_hi"].to_numpy()
@@ -467,7 +499,9 @@ class _PromptSubset:
         return self.task.rewards(mapped, response_ids, response_mask, tokenizer)
 
 
-_MARKERS = ("o", "s", "^", "D", "v")
+#: one marker per behaviour (in the order of ``Config.behaviours``), and its glyph for notes
+MARKERS = ("o", "s", "^", "D", "v")
+MARKER_GLYPHS = ("○", "□", "△", "◇", "▽")
 
 
 def agreement_text(data: Data, source: str, metric: str) -> str:
@@ -480,7 +514,10 @@ def agreement_text(data: Data, source: str, metric: str) -> str:
     return "; ".join(out)
 
 
-def _scatter(ax, x, y, lo=None, hi=None, color="k", marker="o", hollow=False, label=None):
+def scatter_relative(ax, x, y, lo=None, hi=None, color="k", marker="o", hollow=False, label=None):
+    """One point (x, y) of relative values on log axes, both drawn at :data:`FLOOR` or above,
+    with a vertical bar from ``lo`` to ``hi`` where both are finite; ``hollow``: white face.
+    Returns ``[x, y]`` as drawn (floored), for :func:`log_diagonal`."""
     x, y = max(x, FLOOR), max(y, FLOOR)
     yerr = None
     if lo is not None and np.isfinite(lo) and np.isfinite(hi):
@@ -499,12 +536,31 @@ def _scatter(ax, x, y, lo=None, hi=None, color="k", marker="o", hollow=False, la
     return [x, y]
 
 
-def _diagonal(ax, values):
+def log_diagonal(ax, values, unit_lines: bool = False) -> None:
+    """The dashed diagonal y = x over the range of ``values`` (widened 1.5× each way; none
+    when empty), grey lines at x = 1 and y = 1 when ``unit_lines`` (and ``values``), then
+    log scales on both axes."""
     if values:
         lo_v, hi_v = min(values) / 1.5, max(values) * 1.5
         ax.plot([lo_v, hi_v], [lo_v, hi_v], color="0.5", linewidth=0.8, linestyle="--")
+        if unit_lines:
+            ax.axhline(1.0, color="0.75", linewidth=0.5)
+            ax.axvline(1.0, color="0.75", linewidth=0.5)
     ax.set_xscale("log")
     ax.set_yscale("log")
+
+
+def mapping_legend(fig, ax) -> None:
+    """The figure legend of the mappings drawn in ``ax``, outside on the right."""
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(
+        handles, labels, loc="outside right center", fontsize=6, title="mapping", title_fontsize=7
+    )
+
+
+def behaviour_marks(behaviours) -> str:
+    """``○ spec, □ spec, …``: which marker stands for which behaviour (for the suptitle)."""
+    return ", ".join(f"{m} {s}" for m, s in zip(MARKER_GLYPHS, behaviours, strict=False))
 
 
 def draw(data: Data):
@@ -518,18 +574,18 @@ def draw(data: Data):
     for b, spec in enumerate(behaviours):
         part = cmp[(cmp.behaviour == spec) & (cmp.mapping != "naive")]
         for row in part.itertuples():
-            values += _scatter(
+            values += scatter_relative(
                 ax,
                 row.exact_rel_bias,
                 row.mc_rel_bias,
                 row.mc_rel_bias_lo,
                 row.mc_rel_bias_hi,
                 color=style.color(row.mapping),
-                marker=_MARKERS[b % len(_MARKERS)],
+                marker=MARKERS[b % len(MARKERS)],
                 hollow=not row.mc_covers_bias,
                 label=row.mapping if b == 0 else None,
             )
-    _diagonal(ax, values)
+    log_diagonal(ax, values)
     ax.set_xlabel("exact bias / naive (tree)")
     ax.set_ylabel("Monte Carlo bias / naive (95% CI)")
     cov = data.coverage
@@ -545,16 +601,16 @@ def draw(data: Data):
         values = []
         for b, spec in enumerate(behaviours):
             part = cmp[(cmp.behaviour == spec) & (cmp.mapping != "naive")]
-            marker = _MARKERS[b % len(_MARKERS)]
+            marker = MARKERS[b % len(MARKERS)]
             for row in part.itertuples():
-                values += _scatter(
+                values += scatter_relative(
                     ax,
                     getattr(row, f"exact_rel_{key}"),
                     getattr(row, f"old_rel_{key}"),
                     color="0.65",
                     marker=marker,
                 )
-                values += _scatter(
+                values += scatter_relative(
                     ax,
                     getattr(row, f"exact_rel_{key}"),
                     getattr(row, f"twin_rel_{key}"),
@@ -563,7 +619,7 @@ def draw(data: Data):
                     color=style.color(row.mapping),
                     marker=marker,
                 )
-        _diagonal(ax, values)
+        log_diagonal(ax, values)
         ax.set_xlabel(f"exact {key} / naive (tree)")
         ax.set_ylabel(f"predicted {key} / naive")
         ag = data.agreement[data.agreement.metric == key]
@@ -578,15 +634,10 @@ def draw(data: Data):
         )
     for letter, ax in zip("abcd", axes, strict=True):
         _common.panel_label(ax, letter)
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(
-        handles, labels, loc="outside right center", fontsize=6, title="mapping", title_fontsize=7
-    )
+    mapping_legend(fig, axes[0])
     meta = data.meta
     first = meta[behaviours[0]]
-    marks = ", ".join(
-        f"{m} {s}" for m, s in zip(("○", "□", "△", "◇", "▽"), behaviours, strict=False)
-    )
+    marks = behaviour_marks(behaviours)
     fig.suptitle(
         f"{meta['model']} truncated to top-{meta['k']}, T ≤ {meta['T']} ({first['leaves']} "
         f"leaves, {first['nodes']} forward positions), θ = {meta['params']} (D = {first['D']}), "

@@ -33,19 +33,22 @@ import pandas as pd
 
 from simkit.config import TrainSweepConfig, mismatch_to_dict
 from simkit.figures.staleness_curves import (
+    FINAL_J_NOTE,
     check_grid,
     collapse_line,
     drift_note,
+    environment_dict,
     environment_note,
+    plot_curves,
     ranking,
-    recipe_style,
+    recipe_legend,
     run_grid,
     schedule_note,
     split_figure,
     summarize,
 )
 from simkit.train import Mismatch
-from simkit.train.analysis import COLLAPSE_FRACTION, TAIL_FRACTION, band, optimal_J, run_summary
+from simkit.train.analysis import band, optimal_J, run_summary
 from simkit.train.recipes import recipe_entry, recipe_label
 
 NAME = "mismatch_curves"
@@ -133,15 +136,7 @@ def sweep_config(cfg: Config) -> TrainSweepConfig:
         "optimizer": "adam",
         "record_every": cfg.record_every,
         "seeds": list(cfg.seeds),
-        "environment": {
-            "kind": "token_mdp",
-            "constructor": cfg.constructor,
-            "V": cfg.V,
-            "T": [cfg.T],
-            "seed": cfg.env_seed,
-            "scale": cfg.scale,
-            **({"kwargs": dict(cfg.env_kwargs)} if cfg.env_kwargs else {}),
-        },
+        "environment": environment_dict(cfg),
         "mismatch": [mismatch_to_dict(m) for m in cfg.mismatches],
         "estimators": [recipe_entry(r, cfg.group_size) for r in cfg.recipes],
     }
@@ -232,8 +227,7 @@ def compute(cfg: Config, workers: int | None = None) -> Data:
             if spikes
             else "."
         ),
-        f"Final J = mean exact J over the last {TAIL_FRACTION:.0%} of the steps; a run "
-        f"'collapsed' if it lost more than {COLLAPSE_FRACTION:.0%} of its best gain.",
+        FINAL_J_NOTE,
         drift_note(runs, lambda row: f"under {row['mismatch']}"),
         *paper_verdict(summary, list(order)),
     ]
@@ -255,24 +249,12 @@ def draw(data: Data):
     cols = len(order)
     fig, panels = split_figure(2.6 * cols + 1.3, 2.4, data.notes)
     axes = np.atleast_1d(panels.subplots(1, cols, sharey=True, squeeze=False)).ravel()
-    recipes = list(dict.fromkeys(data.curves["recipe"]))
     for ax, label in zip(axes, order, strict=True):
-        for r in recipes:
-            part = data.curves[(data.curves["recipe"] == r) & (data.curves["mismatch"] == label)]
-            x = part["step"].to_numpy(float)
-            (line,) = ax.plot(x, part["mean"], **recipe_style(r, linewidth=1.2))
-            ax.fill_between(x, part["lo"], part["hi"], color=line.get_color(), alpha=0.15, lw=0)
-        ax.axhline(data.J_star, color="0.4", linewidth=0.6, linestyle=":")
+        plot_curves(ax, data.curves, data.J_star, mismatch=label)
         ax.set_title("no mismatch" if label == "none" else label, fontsize=7)
         ax.set_xlabel("optimizer step")
     axes[0].set_ylabel("J(π) (exact)")
-    panels.legend(
-        *axes[0].get_legend_handles_labels(),
-        loc="outside right center",
-        fontsize=6.5,
-        title="recipe",
-        title_fontsize=7,
-    )
+    recipe_legend(panels, axes[0])
     panels.suptitle(
         f"Inference mismatch: {data.config.constructor} (V = {data.config.V}, "
         f"T = {data.config.T}), N = {data.config.minibatches}, mean of "

@@ -297,13 +297,12 @@ def draw(data: pd.DataFrame):
                         4.0,
                     )
         if t_exact_max is not None and (~enum).any():
-            ax.axvline(t_exact_max, color="0.5", linewidth=0.6, linestyle=":")
-            ax.annotate(
+            _common.mark_x(
+                ax,
+                t_exact_max,
                 "enumeration ← | → DP (exact) and Monte Carlo",
-                (t_exact_max, 0.0),
-                xycoords=("data", "axes fraction"),
-                xytext=(0, 3),
-                textcoords="offset points",
+                0.0,
+                (0, 3),
                 ha="center",
                 va="bottom",
                 fontsize=6.5,

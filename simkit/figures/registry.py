@@ -128,7 +128,9 @@ def save(name: str, data, out_dir) -> list[Path]:
 
     Deterministic: the same data give the same bytes with the same matplotlib version — PNG at
     ``style.DPI`` without the Software stamp, PDF without creation date, producer or creator
-    (and matplotlib's PDF writer adds no random IDs). Files are written to a temporary name and
+    (and matplotlib's PDF writer adds no random IDs), the layout rounded to 1e-9 of the figure
+    by :class:`simkit.figures._common.RoundedConstrainedLayout` (kiwisolver's last-bit noise
+    otherwise reaches the PDF's printed coordinates). Files are written to a temporary name and
     renamed, so an interrupted run never leaves a truncated figure.
     """
     out = Path(out_dir)

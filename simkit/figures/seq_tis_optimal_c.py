@@ -172,13 +172,14 @@ def draw(data: pd.DataFrame):
         ax.plot(grid.c, grid.bound, color="#d95f02", linestyle="--", label="rl-collapse bound")
         ax.axhline(part.is_mse.iloc[0], color="0.55", linewidth=0.8, label="sequence IS, n = 1")
         c_star = part.c_star.iloc[0]
-        ax.axvline(c_star, color="0.3", linestyle=":", linewidth=0.9)
-        ax.annotate(
+        _common.mark_x(
+            ax,
+            c_star,
             f"C* = {c_star:.2f}",
-            (c_star, 0.97),
-            xycoords=("data", "axes fraction"),
-            xytext=(3, 0),
-            textcoords="offset points",
+            0.97,
+            (3, 0),
+            linewidth=0.9,
+            line_color="0.3",
             fontsize=7,
             va="top",
         )

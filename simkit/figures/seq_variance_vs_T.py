@@ -75,14 +75,9 @@ class Config:
     seed: int = 0
 
     def __post_init__(self):
-        if self.V < 2:
-            raise ValueError(f"V must be >= 2, got {self.V}")
-        if not self.chi2_toks or any(not c > 0 for c in self.chi2_toks):
-            raise ValueError(f"chi2_toks must be positive, got {self.chi2_toks}")
-        for name in ("lengths", "markov_lengths"):
-            values = getattr(self, name)
-            if not values or min(values) < 1:
-                raise ValueError(f"{name} must be positive integers, got {values}")
+        _common.check_token_grid(
+            self.V, self.chi2_toks, lengths=self.lengths, markov_lengths=self.markov_lengths
+        )
         if self.n < 2:
             raise ValueError(f"n must be >= 2, got {self.n}")
 
@@ -190,6 +185,23 @@ def _log_yerr(value, se) -> list[np.ndarray]:
 _COLORS = ("#6baed6", "#2171b5", "#08306b", "#084594")
 
 
+def _mc_points(ax, part, color, marker: str) -> None:
+    """Monte Carlo estimates of ``part`` (columns ``T``, ``value``, ``se``, ``reliable``)
+    against T with ±2 SE bars, the unreliable ones hollow."""
+    value = _common.finite_positive(part.value)
+    ax.errorbar(
+        part["T"],
+        value,
+        yerr=_log_yerr(part.value, part.se),
+        fmt=marker,
+        color=color,
+        markersize=3,
+        capsize=1.5,
+        elinewidth=0.7,
+    )
+    _common.mark_unreliable(ax, part["T"], value, part.reliable, color, marker, 4.5)
+
+
 def draw(data: dict):
     cfg = data["config"]
     fig = _common.new_figure(6.0, 3.8)
@@ -199,37 +211,11 @@ def draw(data: dict):
         color = _COLORS[k % len(_COLORS)]
         c = curves[curves.chi2_tok == chi2]
         ax.plot(c["T"], c.exact, color=color, label=f"χ² per token = {chi2:g}")
-        p = iid_mc[iid_mc.chi2_tok == chi2]
-        ax.errorbar(
-            p["T"],
-            _common.finite_positive(p.value),
-            yerr=_log_yerr(p.value, p.se),
-            fmt="o",
-            color=color,
-            markersize=3,
-            capsize=1.5,
-            elinewidth=0.7,
-        )
-        _common.mark_unreliable(
-            ax, p["T"], _common.finite_positive(p.value), p.reliable, color, "o", 4.5
-        )
+        _mc_points(ax, iid_mc[iid_mc.chi2_tok == chi2], color, "o")
         mc_curve = data["markov_curve"]
         c = mc_curve[mc_curve.chi2_tok == chi2]
         ax.plot(c["T"], c.dp, color=color, linestyle="--", linewidth=1.0)
-        m = markov[markov.chi2_tok == chi2]
-        ax.errorbar(
-            m["T"],
-            _common.finite_positive(m.value),
-            yerr=_log_yerr(m.value, m.se),
-            fmt="s",
-            color=color,
-            markersize=3,
-            capsize=1.5,
-            elinewidth=0.7,
-        )
-        _common.mark_unreliable(
-            ax, m["T"], _common.finite_positive(m.value), m.reliable, color, "s", 4.5
-        )
+        _mc_points(ax, markov[markov.chi2_tok == chi2], color, "s")
     ax.plot([], [], color="0.3", label="independent tokens, exact")
     ax.plot([], [], color="0.3", linestyle="--", label="Markov token MDP, exact DP")
     ax.errorbar([], [], yerr=[], fmt="o", color="0.3", markersize=3, label="Monte Carlo ±2 SE")

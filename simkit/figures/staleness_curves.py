@@ -68,6 +68,11 @@ PAPER_COLLAPSING = ("grpo", "gspo", "sapo")
 PAPER_STABLE = "vespo"
 #: a grid with at least this many steps in total runs on a process pool
 PARALLEL_STEPS = 20_000
+#: the note line that defines final J and collapse (training curve figures)
+FINAL_J_NOTE = (
+    f"Final J = mean exact J over the last {TAIL_FRACTION:.0%} of the steps; a run "
+    f"'collapsed' if it lost more than {COLLAPSE_FRACTION:.0%} of its best gain."
+)
 
 
 @dataclass(frozen=True)
@@ -354,8 +359,7 @@ def compute(cfg: Config, workers: int | None = None) -> Data:
     notes = (
         environment_note(sweep, J_start, J_star),
         schedule_note(sweep),
-        f"Final J = mean exact J over the last {TAIL_FRACTION:.0%} of the steps; a run "
-        f"'collapsed' if it lost more than {COLLAPSE_FRACTION:.0%} of its best gain.",
+        FINAL_J_NOTE,
         drift_note(runs, lambda row: f"at N = {row['N']}"),
         *paper_verdict(summary),
     )
@@ -397,34 +401,65 @@ def split_figure(width: float, panels_height: float, notes):
     return fig, panels
 
 
-def draw(data: Data):
-    Ns = list(dict.fromkeys(sorted(data.curves["N"].unique())))
-    cols = min(3, len(Ns))
-    rows = math.ceil(len(Ns) / cols)
-    fig, panels = split_figure(2.6 * cols + 1.2, 2.0 * rows + 0.4, data.notes)
-    axes = panels.subplots(rows, cols, sharex=True, sharey=True, squeeze=False).ravel()
-    recipes = list(dict.fromkeys(data.curves["recipe"]))
-    for ax, N in zip(axes, Ns, strict=False):
-        for r in recipes:
-            part = data.curves[(data.curves["recipe"] == r) & (data.curves["N"] == N)]
-            x = part["step"].to_numpy(float)
-            (line,) = ax.plot(x, part["mean"], **recipe_style(r, linewidth=1.2))
-            ax.fill_between(x, part["lo"], part["hi"], color=line.get_color(), alpha=0.15, lw=0)
-        ax.axhline(data.J_star, color="0.4", linewidth=0.6, linestyle=":")
-        ax.set_title(f"N = {N}" + (" (on-policy)" if N == 1 else ""))
-    for ax in axes[len(Ns) :]:
+def split_grid(n: int, notes, panel_size, margins, max_cols: int = 3, **subplot_kw):
+    """:func:`split_figure` with ``n`` panels on a grid of at most ``max_cols`` columns:
+    ``panel_size`` = (width, height) of a panel and ``margins`` = (width, height) added to the
+    panels' area, in inches; the axes beyond ``n`` are hidden. Returns ``(fig, panels, axes,
+    (rows, cols))`` with ``axes`` flat, row by row."""
+    cols = min(max_cols, n)
+    rows = math.ceil(n / cols)
+    width = panel_size[0] * cols + margins[0]
+    fig, panels = split_figure(width, panel_size[1] * rows + margins[1], notes)
+    axes = panels.subplots(rows, cols, squeeze=False, **subplot_kw).ravel()
+    for ax in axes[n:]:
         ax.set_visible(False)
-    for ax in axes[(rows - 1) * cols :]:
-        ax.set_xlabel("optimizer step")
-    for ax in axes[::cols]:
-        ax.set_ylabel("J(π) (exact)")
+    return fig, panels, axes, (rows, cols)
+
+
+def plot_band(ax, recipe: str, x, mean, lo, hi) -> None:
+    """A recipe's learning curve: ``mean`` against ``x`` in the recipe's style
+    (:func:`recipe_style`, width 1.2) over a band from ``lo`` to ``hi`` of the same colour."""
+    (line,) = ax.plot(x, mean, **recipe_style(recipe, linewidth=1.2))
+    ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.15, lw=0)
+
+
+def plot_curves(ax, curves: pd.DataFrame, J_star: float, **where) -> None:
+    """Every recipe's mean J with its min–max band (:func:`plot_band`) from the rows of
+    ``curves`` (:func:`simkit.train.analysis.band`) where each column of ``where`` has the
+    given value, in the order the recipes first appear; a dotted line at ``J_star``."""
+    for r in dict.fromkeys(curves["recipe"]):
+        keep = curves["recipe"] == r
+        for column, value in where.items():
+            keep &= curves[column] == value
+        part = curves[keep]
+        plot_band(ax, r, part["step"].to_numpy(float), part["mean"], part["lo"], part["hi"])
+    ax.axhline(J_star, color="0.4", linewidth=0.6, linestyle=":")
+
+
+def recipe_legend(panels, ax) -> None:
+    """The legend of the recipes drawn in ``ax``, outside ``panels`` on the right."""
     panels.legend(
-        *axes[0].get_legend_handles_labels(),
+        *ax.get_legend_handles_labels(),
         loc="outside right center",
         fontsize=6.5,
         title="recipe",
         title_fontsize=7,
     )
+
+
+def draw(data: Data):
+    Ns = list(dict.fromkeys(sorted(data.curves["N"].unique())))
+    fig, panels, axes, (rows, cols) = split_grid(
+        len(Ns), data.notes, (2.6, 2.0), (1.2, 0.4), sharex=True, sharey=True
+    )
+    for ax, N in zip(axes, Ns, strict=False):
+        plot_curves(ax, data.curves, data.J_star, N=N)
+        ax.set_title(f"N = {N}" + (" (on-policy)" if N == 1 else ""))
+    for ax in axes[(rows - 1) * cols :]:
+        ax.set_xlabel("optimizer step")
+    for ax in axes[::cols]:
+        ax.set_ylabel("J(π) (exact)")
+    recipe_legend(panels, axes[0])
     seeds = len(data.config.seeds)
     panels.suptitle(
         f"Staleness N: {data.config.constructor} (V = {data.config.V}, T = {data.config.T}), "

@@ -107,10 +107,7 @@ class Config:
     fit_from: int = 32
 
     def __post_init__(self):
-        if self.V < 2:
-            raise ValueError(f"V must be >= 2, got {self.V}")
-        if not self.lengths or min(self.lengths) < 1:
-            raise ValueError(f"lengths must be positive integers, got {self.lengths}")
+        _common.check_token_grid(self.V, lengths=self.lengths)
         if len(set(self.lengths)) != len(self.lengths):
             raise ValueError(f"lengths has repeats: {self.lengths}")
         if not self.envs or any(e not in ENVS for e in self.envs):
@@ -387,18 +384,7 @@ def _draw_bias_panel(ax, data: pd.DataFrame, kind: str, anchor: int, floor, top)
         linewidth=1.0,
         label="∝ T²·Δ_max (rl-collapse; shape only, matched at token IS's first bias)",
     )
-    ax.axhline(floor, color="0.5", linewidth=0.6, linestyle=":")
-    ax.annotate(
-        "0 (unbiased)",
-        (1.0, floor),
-        xycoords=("axes fraction", "data"),
-        xytext=(-2, 2),
-        textcoords="offset points",
-        ha="right",
-        va="bottom",
-        fontsize=7,
-        color="0.35",
-    )
+    _common.mark_floor(ax, floor)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_ylim(floor / 2, top)

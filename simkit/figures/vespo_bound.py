@@ -187,6 +187,15 @@ def notes(data: pd.DataFrame) -> tuple[str, ...]:
     return tuple(lines)
 
 
+#: the exact curves of a panel: (column, colour key, line style, label), in drawing order
+_CURVES = (
+    ("w_second_moment", "w", ":", r"$\mathbb{E}_\mu[W^2] = 1+\chi^2_{seq}$ (sequence IS)"),
+    ("bound", "bound", "--", r"bound $Z\cdot K\cdot C$ (Prop. 3.1)"),
+    ("second_moment", "second", "-", r"$\mathbb{E}_\mu[\varphi(W)^2]$ exact"),
+    ("Z", "z", "-.", r"$Z = \mathbb{E}_\mu[\varphi(W)]$ exact"),
+)
+
+
 def draw(data: pd.DataFrame):
     fig, panels = split_figure(7.2, 3.3, data.attrs.get("notes", ()))
     axes = panels.subplots(1, 2, sharey=True)
@@ -195,33 +204,8 @@ def draw(data: pd.DataFrame):
         axes, data.groupby(["c1", "c2"], sort=False), "ab", strict=True
     ):
         x = part.chi2_seq
-        ax.plot(
-            x,
-            part.w_second_moment,
-            color=colors["w"],
-            linestyle=":",
-            label=r"$\mathbb{E}_\mu[W^2] = 1+\chi^2_{seq}$ (sequence IS)",
-        )
-        ax.plot(
-            x,
-            part.bound,
-            color=colors["bound"],
-            linestyle="--",
-            label=r"bound $Z\cdot K\cdot C$ (Prop. 3.1)",
-        )
-        ax.plot(
-            x,
-            part.second_moment,
-            color=colors["second"],
-            label=r"$\mathbb{E}_\mu[\varphi(W)^2]$ exact",
-        )
-        ax.plot(
-            x,
-            part.Z,
-            color=colors["z"],
-            linestyle="-.",
-            label=r"$Z = \mathbb{E}_\mu[\varphi(W)]$ exact",
-        )
+        for column, color, linestyle, label in _CURVES:
+            ax.plot(x, part[column], color=colors[color], linestyle=linestyle, label=label)
         ax.errorbar(
             x,
             part.mc_second_moment,

@@ -1,0 +1,34 @@
+"""Shared test helpers: the small bandit sweep configuration the sweep, CLI, report and
+reliability tests write to disk (imported as ``from conftest import bandit_toml``)."""
+
+from __future__ import annotations
+
+
+def bandit_toml(name: str, seed: int, targets, estimators=("naive", "is_seq")) -> str:
+    """The text of a small bandit sweep file (K = 4 arms, n ∈ {8, 16}, 20 batches, 20
+    bootstrap resamples, logit-noise behaviours at the χ² ``targets``). ``estimators``: mapping
+    names, or (name, extra TOML line) pairs such as ``("ppo_clip", "grid = { eps_high = [0.2,
+    0.28] }")``. Tests edit the text with ``str.replace`` (``"n = [8, 16]"``, ``"reps = 20"``,
+    ``"K = 4"``, ``'mapping = "snis"'``), so those lines keep this spelling."""
+    blocks = []
+    for entry in estimators:
+        mapping, extra = (entry, None) if isinstance(entry, str) else entry
+        blocks.append(f'[[estimators]]\nmapping = "{mapping}"\n' + (f"{extra}\n" if extra else ""))
+    return (
+        f'name = "{name}"\n'
+        f"seed = {seed}\n"
+        "n = [8, 16]\n"
+        "reps = 20\n"
+        "n_boot = 20\n"
+        "\n"
+        "[environment]\n"
+        'kind = "bandit"\n'
+        "K = 4\n"
+        "seed = 0\n"
+        "\n"
+        "[behaviour]\n"
+        'family = "logit_noise"\n'
+        'divergence = "chi2"\n'
+        f"targets = {list(targets)}\n"
+        "\n" + "\n".join(blocks)
+    )
