@@ -86,8 +86,8 @@ not 0 (the capped exponential passes its value as gradient); clip bands are deci
 log-ratio itself, so a cap below a band's upper end does not bring a clipped token back.
 
 How the gradient is carried. The kernels run without autograd: every surrogate kernel
-computes F and its derivative c = ∂F/∂log r together (the clip bands' inside-mask by float
-arithmetic, 1 − sign|clamp(r) − r|, a bool comparison and its cast costing several float
+computes F and its derivative c = ∂F/∂log r together (the clip bands' inside-mask as a float
+tensor, (clamp(r) − r).eq_(0), a bool comparison and its cast costing several float
 operations on CPU), and :func:`policy_loss` returns loss = −Σ F·A/Z through one custom step
 (:func:`~simkit.lm.losses.autograd.linearised_loss`) whose backward is one multiplication by
 the precomputed −c·A/Z — instead of the chain of every elementary operation (sub, mask product,

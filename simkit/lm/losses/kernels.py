@@ -38,10 +38,11 @@ def _sequence_value_per_token(
 
 
 def _inside(clamped: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """1.0 where ``clamped`` == ``x`` (inside the band), 0.0 elsewhere, by float arithmetic:
-    1 − sign|clamped − x| (a float difference is 0 exactly when the two are equal; a bool
-    comparison and its cast cost several float operations on CPU)."""
-    return (clamped - x).abs_().sign_().neg_().add_(1.0)
+    """1.0 where ``clamped`` == ``x`` (inside the band), 0.0 elsewhere, as a float tensor: an
+    in-place comparison of the difference with 0 (a float difference is 0 exactly when the
+    two are equal), which writes 1.0/0.0 into the float buffer — a bool comparison and its
+    cast to float cost several float operations on CPU."""
+    return (clamped - x).eq_(0.0)
 
 
 def _row_bounds(b: _Batch, lo_pos, hi_pos, lo_neg, hi_neg) -> tuple[torch.Tensor, torch.Tensor]:
