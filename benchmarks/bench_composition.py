@@ -12,6 +12,13 @@ subtraction; none in bypass mode), ``mapping.coefficients(ℓ − o)``,
 that sum × 1.10 (timing noise on a shared machine). ``trl_vespo`` is compared with VESPO + the
 token correction run separately (its W sums both legs in log space instead of multiplying).
 Results go to ``benchmarks/results/bench_composition.json`` (git-ignored).
+
+``--dp``: instead, the exact moment DP of composed estimators
+(:func:`simkit.envs.token_moments.composed_moments`, mean + variance) against the single-ratio
+DP of the mapping alone (:func:`~simkit.envs.token_moments.moments`) in the same run, on the
+automaton of ``bench_token_dp.py`` (S = V = 64 random states and tokens, EOS = V − 1,
+T = 4096: ``--dp-S``, ``--dp-T``), π_old and μ random perturbations of the logits; CPU time
+of one thread (``time.thread_time``, robust to other jobs on a shared machine).
 """
 
 from __future__ import annotations
@@ -20,9 +27,11 @@ import argparse
 import json
 import math
 import platform
+import time
 from pathlib import Path
 
 import numpy as np
+from scipy.special import softmax
 from timing import best_time
 
 from simkit.estimators import Estimator
@@ -69,7 +78,12 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--out", default=str(Path(__file__).resolve().parent / "results" / "bench_composition.json")
     )
+    parser.add_argument("--dp", action="store_true", help="time the composed moment DP")
+    parser.add_argument("--dp-S", type=int, default=64, help="--dp: automaton states (= V)")
+    parser.add_argument("--dp-T", type=int, default=4096, help="--dp: length T")
     args, _ = parser.parse_known_args(argv)
+    if args.dp:
+        return time_dp(args)
     rng = np.random.default_rng(args.seed)
     shape = (args.n, args.t)
     old = rng.normal(0.0, 0.05, shape)
@@ -128,6 +142,59 @@ def main(argv=None) -> int:
     print(f"written {out}")
     if failures:
         print(f"above {TARGET_RATIO:g}x the parts: {', '.join(failures)}")
+    return 0
+
+
+#: (mapping, correction, mode) of the --dp section; the single-ratio DP of the mapping is the
+#: baseline of each
+DP_PAIRS = [
+    ("ppo_clip", "tis_token", "decoupled"),
+    ("is_seq", "is_seq", "decoupled"),
+    ("ppo_clip", "is_seq", "decoupled"),
+]
+
+
+def time_dp(args) -> int:
+    """The --dp section (module docstring)."""
+    from simkit.envs import TokenMDP
+    from simkit.envs.token_moments import composed_moments, moments
+
+    rng = np.random.default_rng(args.seed)
+    S = V = args.dp_S
+    T = args.dp_T
+    logits = rng.standard_normal((T, S, V))
+    env = TokenMDP(
+        logits, rng.integers(0, S, size=(S, V)), np.arange(S), rng.random(S).round(), eos=V - 1
+    )
+    old = softmax(logits + 0.1 * rng.standard_normal(logits.shape), axis=-1)
+    mu = softmax(np.log(old) + 0.1 * rng.standard_normal(logits.shape), axis=-1)
+
+    def cpu_best(fn):
+        best = math.inf
+        for _ in range(args.repeats):
+            start = time.thread_time()
+            fn()
+            best = min(best, time.thread_time() - start)
+        return best
+
+    print(f"S = V = {S}, T = {T}; CPU time of one thread, best of {args.repeats}")
+    rows = []
+    for mapping, correction, mode in DP_PAIRS:
+        m, c = get(mapping), get(correction)
+        single = cpu_best(lambda m=m: moments(env, mu, m, 0.5))
+        composed = cpu_best(
+            lambda m=m, c=c, mode=mode: composed_moments(env, mu, old, m, c, mode, 0.5)
+        )
+        name = f"{mapping} × {correction} ({mode})"
+        print(
+            f"{name:<36} composed {composed:6.2f} s  {mapping} alone {single:6.2f} s  "
+            f"ratio {composed / single:5.2f}"
+        )
+        rows.append({"estimator": name, "composed_seconds": composed, "single_seconds": single})
+    out = Path(args.out).with_name("bench_composition_dp.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"S": S, "V": V, "T": T, "results": rows}, indent=2))
+    print(f"written {out}")
     return 0
 
 

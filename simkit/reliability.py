@@ -37,7 +37,8 @@ marked ``reliable = False`` when any of three checks fails:
    times or not at all: unreliable. Exact by enumeration of ``env.support`` (bandit, enumerable
    token MDP) and, beyond enumeration, by a product-form DP for sequence-level weights
    (E_μ[W^q], :func:`simkit.envs.token_moments.weight_moment`); for token-level mappings beyond
-   enumeration ν is NaN and only checks 1–2 apply.
+   enumeration ν is NaN and only checks 1–2 apply. A composed estimator (three policies,
+   ``run(old=…)``) uses its composed coefficient, so a heavy π_old‖μ leg is seen.
 
 Exact rows are always reliable (no sampling error). The coverage test
 (``tests/test_reliability.py``, ≥ 60 seeds against exact truth on a light- and two
@@ -103,33 +104,63 @@ def khat_of_weights(weights) -> float:
     return k if math.isfinite(k) else math.nan
 
 
-def tail_draws(env, mu, estimator, n_draws: int, baseline: float) -> float:
+def tail_draws(env, mu, estimator, n_draws: int, baseline: float, old=None) -> float:
     """ν = N·(E c̄²)²/E c̄⁴ (module docstring, check 3), exact, or NaN where not computable.
 
     ``mu`` the validated behaviour; ``baseline`` the advantage's b (signs of A pick the
-    coefficients of sign-dependent mappings); ``n_draws`` N = reps·n.
+    coefficients of sign-dependent mappings); ``n_draws`` N = reps·n. ``old``: π_old (None:
+    π_old = π) for a composed estimator (a ``correction``): its c̄ is the composed coefficient
+    c_mapping(π/π_old)·c_correction(π_old/μ) with the ``denominator``'s weights, so a heavy
+    π_old‖μ leg counts (by enumeration; beyond enumeration a composed row that is not batch
+    dependent gets NaN — composed rows the moment DP covers are exact, never checked here).
     """
     from simkit.envs.token_moments import PRODUCT_MAPPINGS, weight_moment
 
     mapping = estimator.mapping
+    composed = estimator.correction is not None
     enumerable = getattr(env, "enumerable", None)
     if enumerable is None or enumerable():
         atoms = env.support(mu, baseline)
         mask = np.asarray(atoms.mask, dtype=bool)
-        if mapping.batch_dependent:
+        if estimator.batch_dependent:
             log_c = np.sum(np.where(mask, atoms.log_ratio, 0.0), axis=1)  # log W
+        elif composed:
+            log_c = _log_composed_coefficient(env, mu, estimator, atoms, mask, old)
         else:
             c = mapping.coefficients(atoms.log_ratio, mask, atoms.advantage_sign)
             a = estimator.aggregation_weights(mask[:, None, :])[:, 0, :]
             with np.errstate(divide="ignore"):
                 log_c = np.log(np.sum(np.abs(c) * a, axis=1))
         return _nu(n_draws, atoms.prob, log_c)
-    if mapping.batch_dependent or mapping.name in PRODUCT_MAPPINGS:
+    if composed and not estimator.batch_dependent:
+        return math.nan
+    if estimator.batch_dependent or mapping.name in PRODUCT_MAPPINGS:
         alpha = float(getattr(mapping, "alpha", 1.0)) if mapping.name == "power" else 1.0
         log_m2 = weight_moment(env, mu, 2.0 * alpha, log=True)
         log_m4 = weight_moment(env, mu, 4.0 * alpha, log=True)
         return float(n_draws * math.exp(min(2.0 * log_m2 - log_m4, 0.0)))
     return math.nan
+
+
+def _log_composed_coefficient(env, mu, estimator, atoms, mask, old) -> np.ndarray:
+    """log c̄ = log Σ_t |c_t|·a_t of every atom for a composed estimator (c of both legs with
+    o = log π_old − log μ on the atom's tokens, a the ``denominator``'s aggregation weights)."""
+    from simkit import legs
+
+    old_lr = None
+    if old is not None:
+        states = getattr(atoms, "states", None)
+        old_lr = legs.old_log_ratio(env, old, mu, atoms.actions, mask, states)
+    sign = atoms.advantage_sign
+    c = estimator.coefficients(atoms.log_ratio, mask, sign, old_log_ratio=old_lr)
+    a = estimator.kept_weights(
+        atoms.log_ratio[:, None, :],
+        mask[:, None, :],
+        sign[:, None],
+        None if old_lr is None else old_lr[:, None, :],
+    )[:, 0, :]
+    with np.errstate(divide="ignore"):
+        return np.log(np.sum(np.abs(c) * a, axis=1))
 
 
 def _nu(n_draws: int, prob: np.ndarray, log_c: np.ndarray) -> float:

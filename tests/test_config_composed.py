@@ -183,7 +183,7 @@ def test_json_schema_lists_the_composition_keys(capsys):
     assert main(["schema", "experiment"]) == 0
     schema = json.loads(capsys.readouterr().out)
     text = json.dumps(schema)
-    for key in ("correction", "correction_params", "correction_preset", "denominator"):
+    for key in ("correction", "correction_params", "correction_preset", "denominator", "step_size"):
         assert f'"{key}"' in text, key
     for name in (*composition.MODES, *composition.DENOMINATORS):
         assert f'"{name}"' in text, name

@@ -66,6 +66,8 @@ which editors use to complete and check TOML files.
 One idea per module:
 
 - :mod:`simkit.config.schema` — the pydantic models of an experiment sweep's tables;
+- :mod:`simkit.config.fields` — the frozen base model and the field types they share;
+- :mod:`simkit.config.old` — the ``[behaviour.old]`` table (π_old, three policies);
 - :mod:`simkit.config.errors` — :class:`ConfigError` and pydantic's errors as key-path messages;
 - :mod:`simkit.config.cells` — :class:`Cell`, content-hash keys, per-cell seeds, :func:`expand`;
 - :mod:`simkit.config.run` — rebuilding a cell's objects and :func:`run_cell`;

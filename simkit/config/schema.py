@@ -15,17 +15,12 @@ a configuration is hashable and two dicts that differ only in key order are one 
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 import numpy as np
-import pydantic
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
     Field,
     StrictBool,
     StrictFloat,
@@ -42,7 +37,24 @@ from simkit.envs.behaviour import AGGREGATES, LEVELS, BehaviourSpec
 from simkit.estimator_specs import plain
 
 from .cells import experiment_cells
-from .errors import ConfigError, KeyPathError, config_error
+from .errors import ConfigError, KeyPathError
+from .fields import (
+    Frozen,
+    Grid,
+    Kwargs,
+    NonNeg,
+    NonNegInt,
+    Number,
+    Params,
+    PosInt,
+    _enum,
+    _like_default,
+    _message,
+    _names,
+    _omit_none,
+    one_or_more,
+)
+from .old import OldConfig, served_environment
 
 __all__ = [
     "EXACT_CHOICES",
@@ -66,153 +78,6 @@ TOKEN_MDP_CONSTRUCTORS = ("iid", "markov", "answer_correct", "at_least_k", "pari
 EXACT_CHOICES = ("auto", True, False)
 #: values of ``grid_mode``
 GRID_MODES = ("product", "zip")
-
-
-class _Tables(type(BaseModel)):
-    """Direct construction (``TokenMDPConfig(V=1, ...)``) raises a :class:`ConfigError` naming
-    the key path, as loading a file does (nested tables are validated by pydantic itself and
-    do not pass through here)."""
-
-    def __call__(cls, *args, **kwargs):
-        try:
-            return super().__call__(*args, **kwargs)
-        except pydantic.ValidationError as exc:
-            raise config_error(exc, cls, cls.table) from None
-
-
-class Frozen(BaseModel, metaclass=_Tables):
-    """Base of every configuration table: frozen, unknown keys are errors."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    #: key path of this table in a config file (prefixes the errors of a direct construction)
-    table: ClassVar[str] = ""
-
-    @classmethod
-    def validated(cls, d: dict):
-        """``cls.model_validate(d)`` (numpy scalars made plain first), a pydantic error turned
-        into a :class:`~simkit.config.ConfigError` naming the key path."""
-        if not isinstance(d, dict):
-            raise ConfigError(f"config: expected a table (dict), got {type(d).__name__} {d!r}")
-        try:
-            return cls.model_validate(plain(d))
-        except pydantic.ValidationError as exc:
-            raise config_error(exc, cls) from None
-
-    def _set(self, name: str, value) -> None:
-        """Store a normalised value during validation (the model is frozen afterwards)."""
-        object.__setattr__(self, name, value)
-
-
-# --- field types --------------------------------------------------------------------------------
-
-
-def _message(exc: BaseException) -> str:
-    # KeyError's str() adds quotes around the message
-    return exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-
-
-def _as_list(value):
-    return list(value) if isinstance(value, list | tuple) else [value]
-
-
-def _distinct(values: tuple) -> tuple:
-    seen = set()
-    for i, v in enumerate(values):
-        if v in seen:
-            raise KeyPathError(f"[{i}]", f"repeated value {v!r}")
-        seen.add(v)
-    return values
-
-
-def _scalar_or_array(schema: dict) -> None:
-    """JSON Schema of a swept key: one value, or a non-empty array of them."""
-    array = {k: schema.pop(k) for k in ("type", "items", "minItems") if k in schema}
-    schema["anyOf"] = [array["items"], array]
-
-
-def one_or_more(item, distinct: bool = True):
-    """A swept key: a non-empty list of ``item`` (one value is a list of one); distinct."""
-    checks = [AfterValidator(_distinct)] if distinct else []
-    return Annotated[
-        tuple[item, ...],
-        BeforeValidator(_as_list),
-        Field(min_length=1, json_schema_extra=_scalar_or_array),
-        *checks,
-    ]
-
-
-NonNegInt = Annotated[StrictInt, Field(ge=0)]
-PosInt = Annotated[StrictInt, Field(ge=1)]
-Number = Annotated[StrictFloat, Field(allow_inf_nan=False)]
-NonNeg = Annotated[StrictFloat, Field(ge=0.0, allow_inf_nan=False)]
-ParamValue = StrictBool | StrictInt | StrictFloat | StrictStr
-
-
-def _pairs(value):
-    """A table as sorted ``(name, value)`` pairs (lists frozen to tuples)."""
-    return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
-
-
-def _freeze(value):
-    if isinstance(value, list | tuple):
-        return tuple(_freeze(v) for v in value)
-    return value
-
-
-def _from_pairs(value):
-    return dict(value) if isinstance(value, tuple) else value
-
-
-#: a table of scalar parameters ``{name = value}``, stored as sorted pairs
-Params = Annotated[dict[str, ParamValue], BeforeValidator(_from_pairs), AfterValidator(_pairs)]
-#: a hyperparameter grid ``{name = [values]}``, stored as sorted (name, values) pairs
-Grid = Annotated[
-    dict[str, Annotated[tuple[ParamValue, ...], Field(min_length=1)]],
-    BeforeValidator(_from_pairs),
-    AfterValidator(_pairs),
-]
-#: constructor arguments ``{name = value or list}``, stored as sorted pairs
-Kwargs = Annotated[dict[str, Any], BeforeValidator(_from_pairs), AfterValidator(_pairs)]
-
-
-def _like_default(defaults, pairs: tuple) -> tuple:
-    """Values as floats where the hyperparameter's default is a float and the value an int
-    (TOML ``c = 2`` and ``c = 2.0`` are one configuration, one key, one column dtype)."""
-
-    def cast(name, value):
-        default = getattr(defaults, name, None)
-        if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-            return float(value)
-        return value
-
-    return tuple(
-        (k, tuple(cast(k, x) for x in v) if isinstance(v, tuple) else cast(k, v)) for k, v in pairs
-    )
-
-
-def _omit_none(d: dict) -> dict:
-    return {k: v for k, v in d.items() if v is not None}
-
-
-def _names(choices, what: str):
-    """A validator of a name from a registry (``choices()`` is read when validating)."""
-
-    def check(value: str) -> str:
-        valid = tuple(choices())
-        if value not in valid:
-            raise ValueError(f"unknown {what} {value!r}; valid: {', '.join(map(str, valid))}")
-        return value
-
-    return check
-
-
-def _enum(choices):
-    """JSON Schema ``enum`` of a registry, read when the schema is generated."""
-
-    def extra(schema: dict) -> None:
-        schema["enum"] = list(choices())
-
-    return extra
 
 
 # --- environments -------------------------------------------------------------------------------
@@ -349,62 +214,6 @@ EnvironmentConfig = Annotated[BanditConfig | TokenMDPConfig, Field(discriminator
 
 
 # --- behaviour ----------------------------------------------------------------------------------
-
-
-class OldConfig(Frozen):
-    """π_old, the policy that generated the rollout, a few optimiser steps behind π
-    (:mod:`simkit.envs.stale`): ``steps`` exact policy-gradient steps backwards from π, with the
-    step size ``step_size`` or — exactly one of the two — the step size dialed so that
-    χ²(π‖π_old) = ``chi2`` at ``level`` (``"seq"``: sequence, ``"tok"``: token average;
-    :func:`~simkit.envs.stale.dial_staleness`, brentq to 1e-10 relative).
-
-    With this table the behaviour section describes the *inference mismatch* leg: μ is π_old
-    served by an engine modelled by the shift ``family``, dialed to D(π_old‖μ) = each of the
-    ``targets`` (a target 0 gives μ = π_old, verl's bypass situation). Without it μ is dialed
-    from π and π_old = π (the tables of before, bit for bit).
-    """
-
-    table: ClassVar[str] = "behaviour.old"
-
-    steps: PosInt = 1
-    chi2: Annotated[StrictFloat, Field(gt=0.0, allow_inf_nan=False)] | None = None
-    step_size: NonNeg | None = None
-    level: Literal["seq", "tok"] = "seq"
-
-    @model_validator(mode="after")
-    def _check(self):
-        if (self.chi2 is None) == (self.step_size is None):
-            raise KeyPathError(
-                "",
-                "give exactly one of chi2 (a target χ²(π‖π_old)) and step_size (the size of "
-                f"each backward step); got chi2 = {self.chi2!r}, step_size = {self.step_size!r}",
-            )
-        if self.step_size is not None and self.level != "seq":
-            raise KeyPathError(".level", "applies with chi2 only (the dialed divergence)")
-        return self
-
-    def build(self, env) -> np.ndarray:
-        """π_old for ``env`` (the shape of a behaviour policy; ValueError if unreachable)."""
-        from simkit.envs import stale
-
-        if self.chi2 is not None:
-            return stale.dial_staleness(env, self.chi2, steps=self.steps, level=self.level)
-        return stale.stale_policy(env, steps=self.steps, step_size=self.step_size)
-
-    def to_dict(self) -> dict:
-        d = _omit_none(dict(self))
-        if self.step_size is not None:
-            del d["level"]
-        return plain(d)
-
-
-def served_environment(env, old: np.ndarray):
-    """``env`` with π_old in place of π (the policy the inference engine serves): its logits
-    are log π_old (``TokenMDP.with_logits``; a bandit is a dataclass)."""
-    logits = np.log(np.asarray(old, dtype=np.float64))
-    if hasattr(env, "with_logits"):
-        return env.with_logits(logits)
-    return dataclasses.replace(env, logits=logits)
 
 
 class BehaviourConfig(Frozen):

@@ -547,19 +547,23 @@ def composed_moments(
             g_pos, g_neg = np.where(drawn, g_pos, 0.0), np.where(drawn, g_neg, 0.0)
         return P, M, g_pos, g_neg, kappa
 
-    def kernels(t0: int, t1: int):
-        _, M, _, _, kappa = factors(t0, t1)
-        if kappa is None:
-            return M, M
-        k1 = M * kappa
-        return k1, k1 * kappa
-
-    return _factored_moments(env, mu, factors, kernels, b, inv_z)
+    return _factored_moments(env, mu, factors, b, inv_z)
 
 
-def _factored_moments(env, mu, factors, kernels, b: float, inv_z: float) -> TokenMoments:
-    """The sweeps of :func:`composed_moments` (``factors``, ``kernels``: its block tables)."""
-    (F1, log_F1), (F2, log_F2) = _two_kernel_forward(env, kernels)
+def _kernels_of(factor_tables):
+    """(K¹, K²) = (μ·κ, μ·κ²) from the tables of a block (κ None ≡ 1)."""
+    _, M, _, _, kappa = factor_tables
+    if kappa is None:
+        return M, M
+    k1 = M * kappa
+    return k1, k1 * kappa
+
+
+def _factored_moments(env, mu, factors, b: float, inv_z: float) -> TokenMoments:
+    """The sweeps of :func:`composed_moments` (``factors(t0, t1)``: its block tables)."""
+    (F1, log_F1), (F2, log_F2) = _two_kernel_forward(
+        env, lambda t0, t1: _kernels_of(factors(t0, t1))
+    )
     rows, spec = _terminal_rows(env.reward - b)
     m = rows.shape[0]
     back = _Backward(env, np.concatenate([rows, rows]))  # rows under K¹, then under K²
@@ -567,8 +571,9 @@ def _factored_moments(env, mu, factors, kernels, b: float, inv_z: float) -> Toke
     second = abs_sum = sq_sum = 0.0
     with np.errstate(over="ignore", invalid="ignore"):
         for t0, t1 in _position_blocks(env, env.T):
-            P, _, g_pos, g_neg, _ = factors(t0, t1)
-            K1, K2 = kernels(t0, t1)
+            tables = factors(t0, t1)
+            P, _, g_pos, g_neg, _ = tables
+            K1, K2 = _kernels_of(tables)
             b_len = t1 - t0
             Qb = np.empty((b_len, 2 * m, env.S, env.V))
             log_qb = np.empty((b_len, 2 * m))

@@ -267,7 +267,7 @@ def run(
             trusted, nu = True, math.nan
         else:
             metrics = monte_carlo_metrics(draws, grad_J, n, boot_weights, level)
-            trusted, nu = row_reliability(env, mu, est, draws.gradients, grad_J, n)
+            trusted, nu = row_reliability(env, mu, est, draws.gradients, grad_J, n, old_p)
         coeff = np.abs(draws.coefficients[draws.mask])
         rows.append(
             {

@@ -196,11 +196,16 @@ def monte_carlo_metrics(
     return out
 
 
-def row_reliability(env, mu, est: Estimator, gradients, grad_J, n: int) -> tuple[bool, float]:
-    """(``reliable``, ``tail_draws``) of a Monte Carlo row (:mod:`simkit.reliability`)."""
+def row_reliability(
+    env, mu, est: Estimator, gradients, grad_J, n: int, old=None
+) -> tuple[bool, float]:
+    """(``reliable``, ``tail_draws``) of a Monte Carlo row (:mod:`simkit.reliability`;
+    ``old``: π_old of a composed row)."""
     g = np.asarray(gradients)
     dev_sq = np.sum((g - g.mean(axis=0)) ** 2, axis=1)
     err_sq = np.sum((g - grad_J) ** 2, axis=1)
     khat_err, share = reliability.draw_checks(dev_sq, err_sq)
-    nu = reliability.tail_draws(env, mu, est, g.shape[0] * n, oracle_baseline(env, mu, est))
+    nu = reliability.tail_draws(
+        env, mu, est, g.shape[0] * n, oracle_baseline(env, mu, est), old=old
+    )
     return reliability.is_reliable(khat_err, share, nu), nu

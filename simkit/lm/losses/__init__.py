@@ -85,13 +85,18 @@ exponentiated log-ratio; as in :mod:`simkit.mappings` the coefficient above the 
 not 0 (the capped exponential passes its value as gradient); clip bands are decided on the
 log-ratio itself, so a cap below a band's upper end does not bring a clipped token back.
 
-How the gradient is carried. Most surrogates are plain autograd through r = exp(log π − log μ)
-(with one custom step, :func:`band_clamp`, whose backward reuses the forward's outside-mask).
-SAPO, LUFFY, GMPO and ASPO compute F and its derivative c = ∂F/∂log r together
-(:func:`analytic_surrogate`): the backward is then one multiplication instead of the chain of
-every elementary operation. Either way autograd's ∂loss/∂log_prob is −c·A/Z, and the tests
-check the gradient against :mod:`simkit.mappings` and the surrogate values against the papers'
-F (``mapping.f``).
+How the gradient is carried. The kernels run without autograd: every surrogate kernel
+computes F and its derivative c = ∂F/∂log r together (the clip bands' inside-mask as a float
+tensor, (clamp(r) − r).eq_(0), a bool comparison and its cast costing several float
+operations on CPU), and :func:`policy_loss` returns loss = −Σ F·A/Z through one custom step
+(:func:`~simkit.lm.losses.autograd.linearised_loss`) whose backward is one multiplication by
+the precomputed −c·A/Z — instead of the chain of every elementary operation (sub, mask product,
+exp, clamp, dot). A detached loss is −Σ sg(c)·(A/Z)·log π, one dot. Either way autograd's
+∂loss/∂log_prob is −c·A/Z, and the tests check the gradient against :mod:`simkit.mappings` and
+the surrogate values against the papers' F (``mapping.f``). No double backward (nor a
+functional transform of the loss itself: the kernels synchronise with the host).
+:func:`band_clamp`, :func:`capped_exp` and :func:`analytic_surrogate` remain as differentiable
+building blocks for code that wants a surrogate inside a larger autograd graph.
 
 Conventions and numerics
 ------------------------
@@ -107,8 +112,10 @@ Conventions and numerics
   difference is finite, else (±inf/NaN garbage on padding) with ``torch.where``, so that the
   garbage reaches neither the loss, nor the gradient, nor the metrics. A NaN log-ratio on a
   valid token is a ``ValueError``.
-- One host synchronisation per call for the range of the log-ratios (it decides whether a cap
-  can bind and whether the padding needs the select) and one more for the metrics.
+- Host synchronisations per call: the number of valid tokens (a mask without padding skips
+  the mask products), the range of the log-ratios (it decides whether a cap can bind and
+  whether the padding needs the select), one more for the metrics, and clip_cov / kl_cov's
+  subset (its size and, for kl_cov, whether ties straddle the k-th covariance).
 - Device-agnostic: every tensor is created on the inputs' device.
 
 Metrics

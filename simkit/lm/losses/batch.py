@@ -37,6 +37,21 @@ class _Batch:
     rng: object = None
     full: bool = False
 
+    def expm1(self) -> torch.Tensor:
+        """expm1(log r) (N, T), computed once per batch and shared (kl_rs's k3 criteria and
+        the metrics both need it; 0 on padding). Callers must not modify it in place."""
+        cache = self.__dict__.setdefault("_cache", {})
+        if "expm1" not in cache:
+            cache["expm1"] = torch.expm1(self.log_ratio)
+        return cache["expm1"]
+
+    def take_expm1(self) -> torch.Tensor:
+        """:meth:`expm1`, handed over to the last user (the metrics), which may then modify it
+        in place: the batch forgets it."""
+        e = self.expm1()
+        del self.__dict__["_cache"]["expm1"]
+        return e
+
     def per_row(self, value_pos: float, value_neg: float) -> torch.Tensor:
         """(N,) tensor: ``value_pos`` on rows with A >= 0, ``value_neg`` on the others."""
         pos = torch.tensor(value_pos, dtype=self.log_w.dtype, device=self.log_w.device)

@@ -38,10 +38,11 @@ def _sequence_value_per_token(
 
 
 def _inside(clamped: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """1.0 where ``clamped`` == ``x`` (inside the band), 0.0 elsewhere, by float arithmetic:
-    1 − sign|clamped − x| (a float difference is 0 exactly when the two are equal; a bool
-    comparison and its cast cost several float operations on CPU)."""
-    return (clamped - x).abs_().sign_().neg_().add_(1.0)
+    """1.0 where ``clamped`` == ``x`` (inside the band), 0.0 elsewhere, as a float tensor: an
+    in-place comparison of the difference with 0 (a float difference is 0 exactly when the
+    two are equal), which writes 1.0/0.0 into the float buffer — a bool comparison and its
+    cast to float cost several float operations on CPU."""
+    return (clamped - x).eq_(0.0)
 
 
 def _row_bounds(b: _Batch, lo_pos, hi_pos, lo_neg, hi_neg) -> tuple[torch.Tensor, torch.Tensor]:
@@ -312,7 +313,7 @@ def _kl_rs(m, b: _Batch) -> _Terms:
     """verl ``compute_rollout_rejection_mask`` (b178a3c): k2 = ½x², k3 = e^x − 1 − x of
     x = clamp(log r, ±cap), per token or summed / averaged / maximised over the row; AND."""
     with torch.no_grad():
-        x = b.log_ratio.detach()
+        x = b.log_ratio  # (detached: kernels run without autograd)
         if b.lr_min < -m.max_log_ratio or b.lr_max > m.max_log_ratio:
             x = torch.clamp(x, -m.max_log_ratio, m.max_log_ratio)
         terms = {}
@@ -321,7 +322,10 @@ def _kl_rs(m, b: _Batch) -> _Terms:
         for crit, u in m.rules:
             kind = crit[-2:]
             if kind not in terms:  # padding: x = 0 ⇒ k = 0
-                terms[kind] = 0.5 * x * x if kind == "k2" else torch.expm1(x) - x
+                if kind == "k2":
+                    terms[kind] = 0.5 * x * x
+                else:  # the batch's shared expm1 unless the clamp above changed x
+                    terms[kind] = (b.expm1() if x is b.log_ratio else torch.expm1(x)) - x
             k = terms[kind]
             if crit.startswith("token_"):
                 keep &= k <= u

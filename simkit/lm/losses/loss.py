@@ -233,7 +233,7 @@ def policy_loss(
         inv_z = _inverse_z(kept.sum(dim=1).to(dtype), mask.shape[1], agg, max_length)
     row_weight = adv * inv_z  # A_i / Z_i
     if surrogate:
-        loss = _surrogate_loss(log_prob, terms, maskf, row_weight, inv_z, c_corr)
+        loss = _surrogate_loss(log_prob, terms, maskf, row_weight, inv_z, c_corr, full)
     else:
         with torch.no_grad():
             if terms.seq is not None:
@@ -248,17 +248,25 @@ def policy_loss(
     return loss, (_metrics(batch, terms) if compute_metrics else {})
 
 
-def _surrogate_loss(log_prob, terms, maskf, row_weight, inv_z, c_corr) -> torch.Tensor:
+def _surrogate_loss(log_prob, terms, maskf, row_weight, inv_z, c_corr, full) -> torch.Tensor:
     """loss = −Σ F·w (+ Σ penalty·w_pen) with w = mask·A/Z (× the correction), and its
     gradient −c·w (+ ∂penalty·w_pen) w.r.t. ``log_prob`` (the kernel's c = ∂F/∂log r) carried
-    by one :func:`linearised_loss` step: the backward is one multiplication."""
+    by one :func:`linearised_loss` step: the backward is one multiplication. Without padding
+    and correction the weights are per row: −Σ_i (A_i/Z_i)·Σ_t F_it (row sums, no (N, T)
+    weight array)."""
     needs_grad = log_prob.requires_grad and torch.is_grad_enabled()
     with torch.no_grad():
-        token_weight = maskf * row_weight[:, None]
-        if c_corr is not None:
-            token_weight = token_weight * c_corr
-        value = -torch.dot(terms.tok.reshape(-1), token_weight.reshape(-1))
-        grad = (terms.dtok * token_weight).neg_() if needs_grad else None
+        neg_row = row_weight.neg()[:, None]
+        per_row = full and c_corr is None
+        if per_row:
+            value = terms.tok.sum(dim=1) @ neg_row[:, 0]
+            grad = terms.dtok * neg_row if needs_grad else None
+        else:
+            token_weight = maskf * neg_row
+            if c_corr is not None:
+                token_weight = token_weight * c_corr
+            value = torch.dot(terms.tok.reshape(-1), token_weight.reshape(-1))
+            grad = terms.dtok * token_weight if needs_grad else None
         if terms.penalty is not None:
             pen_weight = maskf * inv_z[:, None]
             if c_corr is not None:

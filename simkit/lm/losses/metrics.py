@@ -47,7 +47,7 @@ def _metrics(b: _Batch, terms: _Terms) -> dict[str, float]:
         if lr.numel() == 0:
             token_stats = [zero, zero]
         elif b.lr_max <= limit:
-            e = torch.expm1(lr).reshape(-1)  # r − 1 without cancellation; 0 on padding
+            e = b.take_expm1().reshape(-1)  # r − 1 without cancellation; 0 on padding
             # Σ(r² − 1) = Σ(e² + 2e) and Σ(r − 1 − log r) = Σ(e − log r), each term accurate
             sum_r2m1 = torch.dot(e, e) + 2.0 * e.sum()
             token_stats = [sum_r2m1, e.sub_(lr.reshape(-1)).sum()]
