@@ -18,12 +18,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 #: lines above which a module must say in its docstring why it is not split
 MAX_LINES = 800
-#: long modules whose split waits for work in progress on them (issue 14 follow-up)
-PENDING = {
-    "simkit/envs/token_mdp.py": "being extended by issue 12 (DP moments); split after it lands",
-    "simkit/train/core.py": "grown by issues 13 and 16; split after they land",
-    "simkit/experiment.py": "grown by issues 12 and 15 (reliability, run(old=)); split after",
-}
 
 
 def _graph():
@@ -106,12 +100,8 @@ def test_long_modules_say_why():
     for path in sorted((ROOT / "simkit").rglob("*.py")):
         text = path.read_text("utf-8")
         name = path.relative_to(ROOT).as_posix()
-        if name in PENDING:
-            continue
         if text.count("\n") > MAX_LINES and "not split" not in text[: text.find('"""', 3)]:
             long.append(f"{name} ({text.count(chr(10))} lines)")
-    still_long = [n for n in PENDING if (ROOT / n).read_text("utf-8").count("\n") > MAX_LINES]
-    assert still_long == list(PENDING), "remove the modules split since from PENDING"
     assert not long, (
         f"modules above {MAX_LINES} lines without a reason ('not split: ...') in their docstring: "
         + ", ".join(long)

@@ -21,7 +21,10 @@ clip/mask fraction and gradient norms (:data:`COLUMNS`).
 Grids of runs go through the sweep machinery (:class:`simkit.config.TrainSweepConfig`,
 ``kind = "train"`` TOML files, :func:`simkit.sweep.run_sweep`, ``simkit train CONFIG``).
 
-Modules: :mod:`~simkit.train.core` (the run, checkpoints, resume), :mod:`~simkit.train.mismatch`
+Modules: :mod:`~simkit.train.core` (the run), :mod:`~simkit.train.hyperparameters`
+(:class:`TrainConfig`), :mod:`~simkit.train.rollout` (one rollout, one optimizer step),
+:mod:`~simkit.train.records` (the columns, exact by DP), :mod:`~simkit.train.checkpoints`
+(chunks, checkpoints, resume), :mod:`~simkit.train.mismatch`
 (the inference-engine model), :mod:`~simkit.train.optim` (SGD, Adam), :mod:`~simkit.train.recipes`
 (the papers' losses: GRPO, GSPO, SAPO, VESPO, token-TIS, seq-MIS, Geo-Mask),
 :mod:`~simkit.train.params` (tabular / tied / features parameterisations),

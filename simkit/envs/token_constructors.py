@@ -1,0 +1,256 @@
+"""The token MDPs of the experiments: independent tokens, Markov, "the final answer is correct",
+at least k hits, parity.
+
+:class:`TokenMDPConstructors` is a mixin of :class:`~simkit.envs.token_mdp.TokenMDP`: each
+constructor builds the automaton (``transition``, ``policy_index``, ``reward``) of its task and
+the logits (given, or random ``scale``·N(0, 1) from ``seed``) through one ``_build``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from simkit._memory import check_token_mdp
+from simkit._validation import check_seed
+from simkit.envs._checks import check_index, positive_int
+
+if TYPE_CHECKING:
+    from simkit.envs.token_mdp import TokenMDP
+
+
+class TokenMDPConstructors:
+    """Constructors of :class:`~simkit.envs.token_mdp.TokenMDP` (mixin)."""
+
+    @classmethod
+    def _build(
+        cls, *, V, T, P, transition, policy_index, reward, eos, logits, seed, scale, stationary
+    ) -> TokenMDP:
+        V = positive_int(V, "V")
+        T = positive_int(T, "T")
+        check_token_mdp(T, P, V, S=len(transition))  # before any (T, P, V) array is allocated
+        if logits is None:
+            if not (isinstance(scale, int | float) and math.isfinite(scale) and scale >= 0):
+                raise ValueError(f"scale must be a finite number >= 0, got {scale!r}")
+            rng = np.random.default_rng(check_seed(seed))
+            shape = (1, P, V) if stationary else (T, P, V)
+            logits = scale * rng.standard_normal(shape)
+        logits = np.asarray(logits, dtype=np.float64)
+        if logits.ndim == 1:
+            logits = logits[None, None, :]
+        elif logits.ndim == 2:
+            logits = logits[None]
+        if logits.ndim != 3 or logits.shape[-1] != V or logits.shape[1] not in (1, P):
+            raise ValueError(
+                f"logits must have shape (V,), (P, V) or (T, P, V) with V = {V}, P = {P}, "
+                f"T = {T}; got {np.shape(logits)}"
+            )
+        if logits.shape[0] not in (1, T):
+            raise ValueError(f"logits has {logits.shape[0]} positions, expected 1 or T = {T}")
+        logits = np.broadcast_to(logits, (T, P, V))
+        if eos is not None:
+            eos = check_index(eos, "eos", V, "a token")
+            transition = np.array(transition)
+            transition[:, eos] = np.arange(transition.shape[0])  # EOS does not move the automaton
+        return cls(logits, transition, policy_index, reward, eos=eos)
+
+    @classmethod
+    def iid(
+        cls,
+        V: int,
+        T: int,
+        answer: int = 0,
+        eos: int | None = None,
+        logits=None,
+        seed: int = 0,
+        scale: float = 1.0,
+        stationary: bool = True,
+    ) -> TokenMDP:
+        """Independent tokens: one policy class (P = 1), π(·|t) = softmax(logits[t, 0]).
+
+        The automaton only records whether the ``answer`` token has appeared (S = 2: not yet /
+        seen); R = 1 iff it appeared at least once. Random logits ``scale``·N(0, 1) from
+        ``seed`` (shared by every position when ``stationary``) unless ``logits`` (V,), (1, V) or
+        (T, 1, V) are given. With ``eos`` the EOS token ends the sequence.
+        """
+        V = positive_int(V, "V")
+        answer = check_index(answer, "answer", V, "a token")
+        if eos is not None and answer == eos:
+            raise ValueError(f"answer must differ from eos (both {eos})")
+        transition = np.zeros((2, V), dtype=np.int64)
+        transition[0, answer] = 1
+        transition[1, :] = 1
+        return cls._build(
+            V=V,
+            T=T,
+            P=1,
+            transition=transition,
+            policy_index=[0, 0],
+            reward=[0.0, 1.0],
+            eos=eos,
+            logits=logits,
+            seed=seed,
+            scale=scale,
+            stationary=stationary,
+        )
+
+    @classmethod
+    def markov(
+        cls,
+        V: int,
+        T: int,
+        target: int = 0,
+        eos: int | None = None,
+        logits=None,
+        seed: int = 0,
+        scale: float = 1.0,
+        stationary: bool = True,
+    ) -> TokenMDP:
+        """First-order Markov policy: the policy class is the previous token.
+
+        S = V + 1 automaton states (0 = start, 1 + v = last token v), P = S,
+        π(·|t, s) = softmax(logits[t, s]); R = 1 iff the last token (before EOS) is ``target``.
+        Logits (V + 1, V) or (T, V + 1, V), or random as in :meth:`iid`.
+        """
+        V = positive_int(V, "V")
+        target = check_index(target, "target", V, "a token")
+        if eos is not None and target == eos:
+            raise ValueError(f"target must differ from eos (both {eos})")
+        S = V + 1
+        transition = np.broadcast_to(1 + np.arange(V), (S, V))
+        reward = np.zeros(S)
+        reward[1 + target] = 1.0
+        return cls._build(
+            V=V,
+            T=T,
+            P=S,
+            transition=transition,
+            policy_index=np.arange(S),
+            reward=reward,
+            eos=eos,
+            logits=logits,
+            seed=seed,
+            scale=scale,
+            stationary=stationary,
+        )
+
+    @classmethod
+    def answer_correct(
+        cls,
+        V: int,
+        T: int,
+        answer: int = 0,
+        eos: int | None = None,
+        logits=None,
+        seed: int = 0,
+        scale: float = 1.0,
+        stationary: bool = True,
+    ) -> TokenMDP:
+        """ "The final answer is correct": R = 1 iff the last token (before EOS) is ``answer``.
+
+        S = 3 automaton states (0 = nothing yet, 1 = last token correct, 2 = last token
+        wrong), each its own policy class (P = 3).
+        """
+        V = positive_int(V, "V")
+        answer = check_index(answer, "answer", V, "a token")
+        if eos is not None and answer == eos:
+            raise ValueError(f"answer must differ from eos (both {eos})")
+        transition = np.full((3, V), 2, dtype=np.int64)
+        transition[:, answer] = 1
+        return cls._build(
+            V=V,
+            T=T,
+            P=3,
+            transition=transition,
+            policy_index=np.arange(3),
+            reward=[0.0, 1.0, 0.0],
+            eos=eos,
+            logits=logits,
+            seed=seed,
+            scale=scale,
+            stationary=stationary,
+        )
+
+    @classmethod
+    def at_least_k(
+        cls,
+        V: int,
+        T: int,
+        k: int,
+        hit: int = 0,
+        eos: int | None = None,
+        logits=None,
+        seed: int = 0,
+        scale: float = 1.0,
+        stationary: bool = True,
+    ) -> TokenMDP:
+        """R = 1 iff the ``hit`` token occurs at least ``k`` times (1 ≤ k ≤ T).
+
+        S = k + 1 automaton states counting hits (saturating at k), each its own policy class.
+        """
+        V = positive_int(V, "V")
+        T = positive_int(T, "T")
+        k = positive_int(k, "k")
+        if k > T:
+            raise ValueError(f"k must be <= T = {T} (otherwise R = 0 always), got {k}")
+        hit = check_index(hit, "hit", V, "a token")
+        if eos is not None and hit == eos:
+            raise ValueError(f"hit must differ from eos (both {eos})")
+        S = k + 1
+        transition = np.repeat(np.arange(S)[:, None], V, axis=1)
+        transition[:, hit] = np.minimum(np.arange(S) + 1, k)
+        reward = np.zeros(S)
+        reward[k] = 1.0
+        return cls._build(
+            V=V,
+            T=T,
+            P=S,
+            transition=transition,
+            policy_index=np.arange(S),
+            reward=reward,
+            eos=eos,
+            logits=logits,
+            seed=seed,
+            scale=scale,
+            stationary=stationary,
+        )
+
+    @classmethod
+    def parity(
+        cls,
+        V: int,
+        T: int,
+        marked=None,
+        eos: int | None = None,
+        logits=None,
+        seed: int = 0,
+        scale: float = 1.0,
+        stationary: bool = True,
+    ) -> TokenMDP:
+        """R = 1 iff an odd number of ``marked`` tokens is emitted (default: odd token ids).
+
+        S = 2 automaton states (parity so far), each its own policy class.
+        """
+        V = positive_int(V, "V")
+        marked_ids = np.arange(1, V, 2) if marked is None else np.asarray(marked, dtype=np.int64)
+        if marked_ids.ndim != 1 or np.any((marked_ids < 0) | (marked_ids >= V)):
+            raise ValueError(f"marked must be a list of tokens in [0, V) = [0, {V})")
+        if eos is not None and eos in set(marked_ids.tolist()):
+            raise ValueError(f"eos = {eos} cannot be a marked token")
+        transition = np.repeat(np.arange(2)[:, None], V, axis=1)
+        transition[:, marked_ids] = 1 - np.arange(2)[:, None]
+        return cls._build(
+            V=V,
+            T=T,
+            P=2,
+            transition=transition,
+            policy_index=np.arange(2),
+            reward=[0.0, 1.0],
+            eos=eos,
+            logits=logits,
+            seed=seed,
+            scale=scale,
+            stationary=stationary,
+        )

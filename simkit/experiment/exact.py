@@ -1,0 +1,260 @@
+"""The exact path: E ĝ, Var ĝ and ESS of a per-sample estimator without sampling error.
+
+By enumeration of the environment's support (the atoms (y, sign A), weighted by the exact
+partial moments of A; :func:`exact_moments`) or, beyond the enumeration budget on a token MDP
+with untied parameters, by the moment DP of :mod:`simkit.envs.token_moments`.
+:func:`has_exact_path` says when either applies (and :func:`why_not_exact` why not);
+:func:`tie` maps untied gradients to tied ones. The module docstring of
+:mod:`simkit.experiment` states the formulas.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from simkit import legs
+from simkit.envs.token_moments import dp_applies
+from simkit.envs.token_moments import moments as dp_moments
+from simkit.estimators import PER_SAMPLE_ADVANTAGES, Estimator, as_estimator
+from simkit.experiment.metrics import (
+    BOUNDED_METRICS,
+    bias,
+    bias_dir,
+    cosine,
+    effective_sample_size,
+    snr,
+)
+
+#: parameterisations of θ for the gradient: per-position blocks, or one table for all positions
+PARAMS = ("untied", "tied")
+
+
+def check_params(params) -> str:
+    if params not in PARAMS:
+        raise ValueError(f"params must be one of {PARAMS}, got {params!r}")
+    return params
+
+
+@dataclass(frozen=True)
+class ExactMoments:
+    """Exact moments of an n-sample per-sample estimator: ``mean`` E ĝ (D,), ``variance``
+    E‖ĝ − E ĝ‖², ``ess`` (see :func:`effective_sample_size`)."""
+
+    mean: np.ndarray
+    variance: float
+    ess: float
+
+
+def exact_moments(
+    env, behaviour, estimator, n: int, params: str = "untied", old=None
+) -> ExactMoments:
+    """E ĝ, Var ĝ and ESS of an n-sample estimator by enumeration of the support (exact).
+
+    Needs an exact path (:func:`has_exact_path`: a per-sample estimator, a deterministic Z and
+    an enumerable environment). With the atoms of ``env.support(μ, b)`` (b = J(μ) for the
+    ``oracle`` advantage, J(π) for ``oracle_pi``, 0 for raw: :func:`oracle_baseline`) — (y, sign
+    A) on the bandit, whole sequences y on the token MDP —, c_t the mapping's coefficients on
+    each atom (one (M, T) call) and a_t = n/Z_i the aggregation weight of one sample (the atom
+    seen as a batch of one: 1/T for fixed-length token-mean, 1/|y| for seq-mean-token-mean, 1
+    for seq-mean-token-sum, 1/L_max for seq-mean-token-sum-norm), each sample contributes h =
+    A·Σ_t c_t a_t ∇log π(y_t|s_t) and
+    ĝ = (1/n) Σ_i h_i with h_i i.i.d.:
+
+        E h   = Σ_atoms E[A·1{atom}] · Σ_t c_t a_t ∇log π(y_t|s_t)       (one ``accumulate``)
+        E‖h‖² = Σ_atoms E[A²·1{atom}] · ‖Σ_t c_t a_t ∇log π(y_t|s_t)‖²
+        E ĝ = E h,   Var ĝ = (E‖h‖² − ‖E h‖²)/n
+
+    The per-atom squared norms come from ``env.score_norms_sq`` when the environment has it,
+    else from per-atom gradients in chunks (``env.accumulate`` on one atom per batch).
+    ESS = n·(E Σ_t|c_t|)² / (E Σ_t c_t² · E|y|) (the population form of the Monte Carlo ESS
+    over tokens; n·(E|c|)²/E c² when T = 1).
+
+    ``params`` (:data:`PARAMS`): ``"untied"`` — θ has one block per position (the environment's
+    own D = T·P·V parameters); ``"tied"`` — one table shared by every position, whose gradient
+    is the sum of the per-position blocks (:func:`tie`): E h and ∇J are summed over positions
+    and ‖h‖² is taken of the summed per-atom vector (cross-position terms included).
+
+    ``old``: π_old (shape of ``behaviour``; None: π_old = π) for a composed estimator
+    (:mod:`simkit.composition`): each atom's o_t = log π_old − log μ (:mod:`simkit.legs`) is
+    known, so the exact path is unchanged.
+    """
+    est = as_estimator(estimator)
+    params = check_params(params)
+    why = why_not_exact(est, env, params)
+    if why:
+        kind = "is not per-sample" if not est.per_sample else "has no exact path"
+        raise ValueError(f"estimator {est.name!r} {kind}: {why}")
+    est.check_batch_size(n)
+    mu = env.check_policy(behaviour, "behaviour")
+    if not is_enumerable(env):  # beyond enumeration: the moment DP (untied parameters, π_old = π)
+        if old is not None:
+            raise ValueError(
+                "old (π_old) is not supported beyond enumeration: the moment DP handles one "
+                f"ratio π/μ; the environment has {env.n_sequences} sequences"
+            )
+        return _dp_moments(env, mu, est, n)
+    baseline = oracle_baseline(env, mu, est)
+    atoms = env.support(mu, baseline)
+    mask = np.asarray(atoms.mask, dtype=bool)  # (M, T)
+    old_lr = old_log_ratio_of(env, old, mu, atoms)
+    c = est.coefficients(atoms.log_ratio, mask, atoms.advantage_sign, old_log_ratio=old_lr)
+    bad = int(np.count_nonzero(~np.isfinite(c[mask])))
+    if bad:
+        raise ValueError(
+            f"estimator {est.name!r}: mapping {est.mapping.name!r} returned non-finite "
+            f"coefficients (NaN/inf) on {bad} tokens of the support"
+        )
+    per_token = c * _atom_weights(est, atoms, mask, old_lr)  # c_t·a_t, (M, T)
+    first = env.accumulate(atoms.actions, per_token * atoms.adv_first[:, None])  # E h, (D,)
+    if params == "tied":
+        first = tie(first, env.T)
+    norms = _atom_score_norms_sq(env, atoms.actions, per_token, params)
+    second = float(np.sum(atoms.adv_second * norms))
+    var_one = max(second - float(first @ first), 0.0)
+    abs_c = np.abs(c) * mask
+    mean_length = float(atoms.prob @ mask.sum(axis=1))
+    ess = effective_sample_size(
+        n, float(atoms.prob @ abs_c.sum(axis=1)), float(atoms.prob @ (abs_c**2).sum(axis=1))
+    )
+    ess = ess / mean_length if mean_length > 0 else 0.0
+    return ExactMoments(mean=first, variance=var_one / n, ess=ess)
+
+
+def old_log_ratio_of(env, old, mu, draws):
+    """o = log π_old − log μ on the tokens of a batch or support (None without ``old``)."""
+    if old is None:
+        return None
+    states = getattr(draws, "states", None)
+    return legs.old_log_ratio(env, old, mu, draws.actions, draws.mask, states)
+
+
+def _atom_weights(est, atoms, mask, old_lr) -> np.ndarray:
+    """a_t = n/Z_i of each atom seen as a batch of one, (M, T) (``denominator`` included)."""
+    return est.kept_weights(
+        atoms.log_ratio[:, None, :],
+        mask[:, None, :],
+        atoms.advantage_sign[:, None],
+        None if old_lr is None else old_lr[:, None, :],
+    )[:, 0, :]
+
+
+def oracle_baseline(env, mu, estimator) -> float:
+    """The exact baseline b of ``estimator``'s advantage A = R − b on ``env`` under μ = ``mu``.
+
+    ``oracle``: J(μ) (``env.J(mu)``: what group and batch means of μ-drawn rewards estimate,
+    so that E_μ[A] = 0); ``oracle_pi``: J(π) (``env.J()``); any other advantage: 0.
+    """
+    est = as_estimator(estimator)
+    if est.advantage == "oracle":
+        return float(env.J(mu))
+    if est.advantage == "oracle_pi":
+        return float(env.J())
+    return 0.0
+
+
+#: per-atom gradient vectors formed at once by :func:`_atom_score_norms_sq` (values)
+_CHUNK_VALUES = 1 << 22
+
+
+def _atom_score_norms_sq(env, actions, token_weights, params: str = "untied") -> np.ndarray:
+    """‖Σ_t λ_t ∇log π(y_t|s_t)‖² per atom (M,), for ``actions`` (M, …) and λ (M, T).
+
+    With ``params="tied"`` the norm is of the tied gradient (:func:`tie` of the vector)."""
+    if hasattr(env, "score_norms_sq") and params == "untied":
+        return env.score_norms_sq(actions, token_weights)
+    M = token_weights.shape[0]
+    out = np.empty(M)
+    rows = max(1, _CHUNK_VALUES // max(env.D, 1))
+    for start in range(0, M, rows):
+        stop = min(start + rows, M)
+        # every atom is its own batch of one sample: (m, 1, …) -> (m, D)
+        grads = env.accumulate(actions[start:stop, None], token_weights[start:stop, None])
+        if params == "tied":
+            grads = tie(grads, env.T)
+        out[start:stop] = np.sum(grads**2, axis=-1)
+    return out
+
+
+def tie(vectors, T: int) -> np.ndarray:
+    """Gradient w.r.t. *tied* parameters from gradients w.r.t. untied ones: (…, T·B) → (…, B).
+
+    The untied θ has one block θ[t] of B = D/T parameters per position t (C order, position
+    first: the token MDP's logits (T, P, V)); a tied policy uses one table θ_tied for every
+    position, θ[t] = θ_tied (plus any fixed per-position offset), so by the chain rule
+    ∂f/∂θ_tied = Σ_t ∂f/∂θ[t]: the sum of the per-position blocks. Linear, so E ĝ, ∇J and
+    every ĝ_r are tied the same way (issue 12 §2: the growth laws of the bias change with it).
+    """
+    v = np.asarray(vectors, dtype=np.float64)
+    D = v.shape[-1]
+    if T < 1 or D % T:
+        raise ValueError(f"cannot tie a gradient of dimension {D} over T = {T} positions")
+    return v.reshape(*v.shape[:-1], T, D // T).sum(axis=-2)
+
+
+def has_exact_path(env, estimator) -> bool:
+    """True iff :func:`exact_moments` applies to ``estimator`` on ``env`` (see there)."""
+    return not why_not_exact(as_estimator(estimator), env)
+
+
+def _dp_moments(env, mu, est: Estimator, n: int) -> ExactMoments:
+    """Exact moments by the token-MDP DP (:mod:`simkit.envs.token_moments`), any T."""
+    m = dp_moments(
+        env, mu, est.mapping, oracle_baseline(env, mu, est), est.aggregation, est.max_length
+    )
+    return ExactMoments(mean=m.mean, variance=m.variance(n), ess=m.ess(n))
+
+
+def exact_metrics(moments: ExactMoments, grad_J) -> dict[str, float]:
+    """Metrics of the exact path (bounds NaN)."""
+    mean = moments.mean
+    b = bias(mean, grad_J)
+    out = {
+        "bias": b,
+        "bias_dir": bias_dir(mean, grad_J),
+        "cosine": cosine(mean, grad_J),
+        "variance": moments.variance,
+        "mse": b**2 + moments.variance,
+        "snr": snr(float(mean @ mean), moments.variance),
+        "ess": moments.ess,
+    }
+    for key in BOUNDED_METRICS:
+        out[f"{key}_lo"] = out[f"{key}_hi"] = math.nan
+    return out
+
+
+def why_not_exact(est: Estimator, env=None, params: str = "untied") -> str:
+    """Why ``est`` has no exact path on ``env`` ('' if it has one: enumeration or DP)."""
+    reasons = []
+    if est.mapping.batch_dependent:
+        reasons.append(f"mapping {est.mapping.name!r} is batch dependent")
+    if est.advantage not in PER_SAMPLE_ADVANTAGES:
+        reasons.append(f"advantage {est.advantage!r} couples the samples of a group")
+    reasons.extend(est.exact_obstacles())
+    if env is not None:
+        if est.aggregation == "token-mean" and not getattr(env, "fixed_length", True):
+            reasons.append(
+                "aggregation 'token-mean' divides by the batch's total number of tokens, which "
+                "is random when lengths vary (eos)"
+            )
+        if not reasons and not is_enumerable(env):
+            if params != "untied":
+                why_dp = "the moment DP is for untied parameters"
+            elif est.correction is not None or est.denominator != "valid":
+                why_dp = "the moment DP handles one ratio π/μ (no correction, denominator 'valid')"
+            else:
+                why_dp = dp_applies(env, est.mapping, est.aggregation)
+            if why_dp:
+                reasons.append(
+                    f"the environment has {env.n_sequences} sequences, more than the enumeration "
+                    f"budget, and {why_dp}"
+                )
+    return " and ".join(reasons)
+
+
+def is_enumerable(env) -> bool:
+    """False for an environment whose support cannot be enumerated (no ``enumerable``: True)."""
+    enumerable = getattr(env, "enumerable", None)
+    return enumerable is None or bool(enumerable())
