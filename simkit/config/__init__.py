@@ -22,9 +22,13 @@ Keys (``[table]`` by table; every other key is an error)::
                                         scale, stationary, kwargs = {constructor arguments}
     [behaviour]     targets (swept), family, family_params = {...}, divergence, level,
                     aggregate, fraction, select_seed
+    [behaviour.old] steps, chi2 | step_size, level ("seq" | "tok"): π_old behind π; the
+                    targets are then D(π_old‖μ) (:class:`OldConfig`)
     [[estimators]]  mapping, preset, params = {...}, grid = {name = [values]}, grid_mode
                     ("product" | "zip"), aggregations, advantages, group_size, adv_eps,
-                    max_length
+                    max_length, correction, correction_preset, correction_params = {...},
+                    mode ("decoupled" | "bypass" | "trl_vespo"), denominator ("valid" |
+                    "kept"), seed
 
 An example (a shortened ``configs/quick.toml``)::
 
@@ -82,7 +86,7 @@ from simkit.estimator_specs import build_estimators, estimator_params
 
 from .cells import KEY_LENGTH, Cell, canonical_json, cell_key, cell_seed, expand
 from .errors import ConfigError, KeyPathError
-from .run import build_behaviour, build_environment, run_cell
+from .run import build_behaviour, build_environment, build_old, run_cell
 from .schema import (
     EXACT_CHOICES,
     GRID_MODES,
@@ -91,6 +95,7 @@ from .schema import (
     BehaviourConfig,
     EnvironmentConfig,
     EstimatorConfig,
+    OldConfig,
     SweepConfig,
     TokenMDPConfig,
 )
@@ -123,12 +128,14 @@ __all__ = [
     "EnvironmentConfig",
     "EstimatorConfig",
     "KeyPathError",
+    "OldConfig",
     "SweepConfig",
     "TokenMDPConfig",
     "TrainSweepConfig",
     "build_behaviour",
     "build_environment",
     "build_estimators",
+    "build_old",
     "canonical_json",
     "cell_key",
     "cell_seed",

@@ -70,6 +70,8 @@ _NOUNS = {
     "advantages": "advantage",
     "optimizer": "optimizer",
     "gradient": "gradient",
+    "mode": "mode",
+    "denominator": "denominator",
 }
 #: the members of a union of scalars, as pydantic names them in an error's location
 _SCALARS = ("bool", "int", "float", "str")

@@ -18,7 +18,13 @@ from simkit.estimator_specs import build_estimators
 
 from .schema import BanditConfig, BehaviourConfig, TokenMDPConfig
 
-__all__ = ["build_behaviour", "build_environment", "build_estimators", "run_cell"]
+__all__ = [
+    "build_behaviour",
+    "build_environment",
+    "build_estimators",
+    "build_old",
+    "run_cell",
+]
 
 _ENVIRONMENTS = {"bandit": BanditConfig, "token_mdp": TokenMDPConfig}
 #: columns that :func:`simkit.experiment.run` adds itself (not passed as ``setting``)
@@ -37,11 +43,22 @@ def build_environment(spec: dict):
     return _ENVIRONMENTS[kind](**spec).build(T)
 
 
-def build_behaviour(env, spec: dict) -> np.ndarray:
-    """μ of a cell's ``params["behaviour"]`` for ``env`` (dialed; ValueError if unreachable)."""
+def _behaviour_config(spec: dict) -> tuple[BehaviourConfig, float]:
     spec = dict(spec)
     target = float(spec.pop("target"))
-    return BehaviourConfig(targets=(target,), **spec).build(env, target)
+    return BehaviourConfig(targets=(target,), **spec), target
+
+
+def build_behaviour(env, spec: dict, old: np.ndarray | None = None) -> np.ndarray:
+    """μ of a cell's ``params["behaviour"]`` for ``env`` (dialed; ValueError if unreachable;
+    from π_old when the behaviour has an ``old`` table — ``old``: π_old if already built)."""
+    config, target = _behaviour_config(spec)
+    return config.build(env, target, old)
+
+
+def build_old(env, spec: dict) -> np.ndarray | None:
+    """π_old of a cell's ``params["behaviour"]`` for ``env`` (None: π_old = π)."""
+    return _behaviour_config(spec)[0].build_old(env)
 
 
 def _runner(kind: str):
@@ -63,9 +80,11 @@ def run_cell(cell, progress: bool = False):
     if p.get("kind") in RUNNERS:
         return _runner(p["kind"])(cell, progress=progress)
     env = build_environment(p["environment"])
-    mu = build_behaviour(env, p["behaviour"])
+    old = build_old(env, p["behaviour"])
+    mu = build_behaviour(env, p["behaviour"], old)
     ests = build_estimators(p["estimators"])
     setting = {k: v for k, v in cell.columns.items() if k not in _RUN_COLUMNS}
+    extra = {} if old is None else {"old": old}  # no π_old: the call of before, bit for bit
     table = experiment.run(
         env,
         mu,
@@ -78,6 +97,7 @@ def run_cell(cell, progress: bool = False):
         level=p["level"],
         n_boot=p["n_boot"],
         progress=progress,
+        **extra,
     )
     table["cell"] = cell.key
     table["simkit_version"] = __version__

@@ -15,6 +15,7 @@ a configuration is hashable and two dicts that differ only in key order are one 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -33,8 +34,8 @@ from pydantic import (
     model_validator,
 )
 
+from simkit import composition, mappings, shifts
 from simkit import estimators as _estimators
-from simkit import mappings, shifts
 from simkit.envs import Bandit, TokenMDP
 from simkit.envs.bandit import REWARD_KINDS
 from simkit.envs.behaviour import AGGREGATES, LEVELS, BehaviourSpec
@@ -52,6 +53,7 @@ __all__ = [
     "EnvironmentConfig",
     "EstimatorConfig",
     "Frozen",
+    "OldConfig",
     "SweepConfig",
     "TokenMDPConfig",
     "distinct_estimators",
@@ -349,6 +351,62 @@ EnvironmentConfig = Annotated[BanditConfig | TokenMDPConfig, Field(discriminator
 # --- behaviour ----------------------------------------------------------------------------------
 
 
+class OldConfig(Frozen):
+    """π_old, the policy that generated the rollout, a few optimiser steps behind π
+    (:mod:`simkit.envs.stale`): ``steps`` exact policy-gradient steps backwards from π, with the
+    step size ``step_size`` or — exactly one of the two — the step size dialed so that
+    χ²(π‖π_old) = ``chi2`` at ``level`` (``"seq"``: sequence, ``"tok"``: token average;
+    :func:`~simkit.envs.stale.dial_staleness`, brentq to 1e-10 relative).
+
+    With this table the behaviour section describes the *inference mismatch* leg: μ is π_old
+    served by an engine modelled by the shift ``family``, dialed to D(π_old‖μ) = each of the
+    ``targets`` (a target 0 gives μ = π_old, verl's bypass situation). Without it μ is dialed
+    from π and π_old = π (the tables of before, bit for bit).
+    """
+
+    table: ClassVar[str] = "behaviour.old"
+
+    steps: PosInt = 1
+    chi2: Annotated[StrictFloat, Field(gt=0.0, allow_inf_nan=False)] | None = None
+    step_size: NonNeg | None = None
+    level: Literal["seq", "tok"] = "seq"
+
+    @model_validator(mode="after")
+    def _check(self):
+        if (self.chi2 is None) == (self.step_size is None):
+            raise KeyPathError(
+                "",
+                "give exactly one of chi2 (a target χ²(π‖π_old)) and step_size (the size of "
+                f"each backward step); got chi2 = {self.chi2!r}, step_size = {self.step_size!r}",
+            )
+        if self.step_size is not None and self.level != "seq":
+            raise KeyPathError(".level", "applies with chi2 only (the dialed divergence)")
+        return self
+
+    def build(self, env) -> np.ndarray:
+        """π_old for ``env`` (the shape of a behaviour policy; ValueError if unreachable)."""
+        from simkit.envs import stale
+
+        if self.chi2 is not None:
+            return stale.dial_staleness(env, self.chi2, steps=self.steps, level=self.level)
+        return stale.stale_policy(env, steps=self.steps, step_size=self.step_size)
+
+    def to_dict(self) -> dict:
+        d = _omit_none(dict(self))
+        if self.step_size is not None:
+            del d["level"]
+        return plain(d)
+
+
+def served_environment(env, old: np.ndarray):
+    """``env`` with π_old in place of π (the policy the inference engine serves): its logits
+    are log π_old (``TokenMDP.with_logits``; a bandit is a dataclass)."""
+    logits = np.log(np.asarray(old, dtype=np.float64))
+    if hasattr(env, "with_logits"):
+        return env.with_logits(logits)
+    return dataclasses.replace(env, logits=logits)
+
+
 class BehaviourConfig(Frozen):
     """How μ is moved away from π, and the divergence ``targets`` to sweep.
 
@@ -357,7 +415,8 @@ class BehaviourConfig(Frozen):
     ``"sequence"`` (token MDP; on the bandit T = 1 and both coincide: μ =
     ``shifts.dial(π, target, ...)``). Token MDP only: ``aggregate`` (``"each"``/``"average"``),
     ``fraction`` and ``select_seed`` (a concentrated profile), as in
-    :class:`simkit.envs.BehaviourSpec`.
+    :class:`simkit.envs.BehaviourSpec`. ``old`` (a table, :class:`OldConfig`): π_old a few
+    policy-gradient steps behind π; the targets are then D(π_old‖μ), the inference-mismatch leg.
     """
 
     table: ClassVar[str] = "behaviour"
@@ -374,6 +433,7 @@ class BehaviourConfig(Frozen):
     aggregate: Literal[AGGREGATES] | None = None
     fraction: Annotated[StrictFloat, Field(gt=0.0, le=1.0)] | None = None
     select_seed: NonNegInt = 0
+    old: OldConfig | None = None
 
     @model_validator(mode="after")
     def _check(self):
@@ -401,9 +461,18 @@ class BehaviourConfig(Frozen):
             family_params=self.family_params,
         )
 
-    def build(self, env, target: float) -> np.ndarray:
+    def build_old(self, env) -> np.ndarray | None:
+        """π_old for ``env`` (None without an ``old`` table: π_old = π)."""
+        return None if self.old is None else self.old.build(env)
+
+    def build(self, env, target: float, old: np.ndarray | None = None) -> np.ndarray:
         """μ for ``env`` at one target: :func:`simkit.shifts.dial` of the bandit's π, or the
-        :class:`~simkit.envs.BehaviourSpec` built on a token MDP (ValueError if unreachable)."""
+        :class:`~simkit.envs.BehaviourSpec` built on a token MDP (ValueError if unreachable).
+        With an ``old`` table μ is dialed from π_old instead (``old``: π_old if already built,
+        else :meth:`build_old`)."""
+        if self.old is not None:
+            old = self.build_old(env) if old is None else old
+            env = served_environment(env, old)
         if isinstance(env, Bandit):
             return shifts.dial(
                 env.pi,
@@ -426,10 +495,18 @@ class BehaviourConfig(Frozen):
         d["family_params"] = dict(self.family_params)
         if not d["family_params"]:
             del d["family_params"]
+        if self.old is not None:
+            d["old"] = self.old.to_dict()
         return plain(d)
 
 
 # --- estimators ---------------------------------------------------------------------------------
+
+
+def correction_names() -> tuple[str, ...]:
+    """Mappings that can be a ``correction`` (detached weights: every registered mapping but
+    :data:`simkit.composition.SURROGATE_MAPPINGS`)."""
+    return tuple(n for n in mappings.available() if n not in composition.SURROGATE_MAPPINGS)
 
 
 class EstimatorConfig(Frozen):
@@ -443,6 +520,17 @@ class EstimatorConfig(Frozen):
     linked knobs such as PPO's ε_low = ε_high). Each hyperparameter setting is crossed with
     ``aggregations`` × ``advantages``; ``group_size`` applies to the group advantages (grpo,
     dr_grpo, rloo), ``adv_eps`` to grpo, ``max_length`` to seq-mean-token-sum-norm.
+
+    Three policies (:mod:`simkit.composition`): ``correction`` (a detached-weight mapping on
+    π_old/μ, one of :func:`correction_names`: ``tis_token``, ``mis_seq``, ``icepop``...) with
+    ``correction_preset`` and ``correction_params`` (its fixed hyperparameters), ``mode``
+    (``"decoupled"``: c = c_mapping(π/π_old)·c_correction(π_old/μ), verl's decoupled mode and
+    TRL's vLLM importance-sampling correction; ``"bypass"``: π_old := μ, verl's bypass mode;
+    ``"trl_vespo"``: TRL's VESPO, the token correction folded into W), ``denominator``
+    (``"valid"`` or ``"kept"``: verl's legacy token-mean over the surviving tokens) and ``seed``
+    (the Generator of a stochastic mapping such as ``clip_cov``). Without these keys an entry is
+    the single-ratio estimator of before; every estimator of the entry gets the same
+    composition. π_old itself is the behaviour's ``old`` table.
     """
 
     table: ClassVar[str] = "estimators[?]"
@@ -461,9 +549,23 @@ class EstimatorConfig(Frozen):
     group_size: Annotated[StrictInt, Field(ge=2)] | None = None
     adv_eps: NonNeg = _estimators.DEFAULT_ADV_EPS
     max_length: PosInt | None = None
+    correction: (
+        Annotated[
+            StrictStr,
+            AfterValidator(_names(correction_names, "correction")),
+            Field(json_schema_extra=_enum(correction_names)),
+        ]
+        | None
+    ) = None
+    correction_preset: StrictStr | None = None
+    correction_params: Params = ()
+    mode: Literal[composition.MODES] = "decoupled"
+    denominator: Literal[composition.DENOMINATORS] = "valid"
+    seed: NonNegInt = 0
 
     @model_validator(mode="after")
     def _check(self):
+        self._check_correction()
         if self.preset is not None:
             presets = tuple(mappings.mapping_class(self.mapping).presets) or ("(none)",)
             if self.preset not in presets:
@@ -489,6 +591,37 @@ class EstimatorConfig(Frozen):
         self.build()  # every hyperparameter setting and estimator, with key-path errors
         return self
 
+    def _check_correction(self) -> None:
+        if self.correction is None:
+            for key in ("correction_preset", "correction_params"):
+                if getattr(self, key):
+                    raise KeyPathError(f".{key}", "applies with a correction only (no correction)")
+            if self.mode == "trl_vespo":
+                raise KeyPathError(".mode", "mode 'trl_vespo' needs a correction (tis_token, …)")
+            return
+        if self.correction_preset is not None:
+            presets = tuple(mappings.mapping_class(self.correction).presets) or ("(none)",)
+            if self.correction_preset not in presets:
+                raise KeyPathError(
+                    ".correction_preset",
+                    f"unknown preset {self.correction_preset!r} of correction "
+                    f"{self.correction!r}; valid: {', '.join(presets)}",
+                )
+        params = _like_default(mappings.get(self.correction), self.correction_params)
+        self._set("correction_params", params)
+
+    def _correction(self):
+        """The correction Mapping (None without one); errors name the key."""
+        if self.correction is None:
+            return None
+        try:
+            return mappings.get(
+                self.correction, preset=self.correction_preset, **dict(self.correction_params)
+            )
+        except (ValueError, TypeError, KeyError) as exc:
+            where = ".correction_params" if self.correction_params else ".correction_preset"
+            raise KeyPathError(where, _message(exc)) from None
+
     def settings(self) -> list[dict]:
         """The hyperparameter dicts of the grid (fixed ``params`` included), in grid order."""
         names = [k for k, _ in self.grid]
@@ -504,6 +637,14 @@ class EstimatorConfig(Frozen):
             mappings.get(self.mapping, preset=self.preset, **dict(self.params))
         except (ValueError, TypeError, KeyError) as exc:
             raise KeyPathError(".params" if self.params else ".preset", _message(exc)) from None
+        correction = self._correction()
+        try:
+            composition.check_correction(
+                mappings.get(self.mapping), correction, self.mode, self.denominator
+            )
+        except (ValueError, TypeError) as exc:
+            where = ".mode" if self.mode != "decoupled" else ".correction"
+            raise KeyPathError(where, _message(exc)) from None
         out = []
         grid_names = [k for k, _ in self.grid]
         for hp in self.settings():
@@ -514,10 +655,12 @@ class EstimatorConfig(Frozen):
                 raise KeyPathError(f".grid ({where})", _message(exc)) from None
             for aggregation in self.aggregations:
                 for advantage in self.advantages:
-                    out.append(self._estimator(mapping, aggregation, advantage))
+                    out.append(self._estimator(mapping, aggregation, advantage, correction))
         return out
 
-    def _estimator(self, mapping, aggregation: str, advantage: str) -> _estimators.Estimator:
+    def _estimator(
+        self, mapping, aggregation: str, advantage: str, correction=None
+    ) -> _estimators.Estimator:
         group = advantage in _estimators.GROUP_ADVANTAGES
         if group and self.group_size is None:
             raise KeyPathError(".group_size", f"advantage {advantage!r} needs a group_size G >= 2")
@@ -529,6 +672,10 @@ class EstimatorConfig(Frozen):
                 group_size=self.group_size if group else None,
                 adv_eps=self.adv_eps,
                 max_length=self.max_length if aggregation == "seq-mean-token-sum-norm" else None,
+                correction=correction,
+                mode=self.mode,
+                denominator=self.denominator,
+                seed=self.seed,
             )
         except (ValueError, TypeError) as exc:
             raise KeyPathError("", _message(exc)) from None
@@ -537,8 +684,12 @@ class EstimatorConfig(Frozen):
         d = _omit_none(dict(self))
         d["params"] = dict(self.params)
         d["grid"] = {k: list(v) for k, v in self.grid}
-        for key in ("params", "grid"):
+        d["correction_params"] = dict(self.correction_params)
+        for key in ("params", "grid", "correction_params"):
             if not d[key]:
+                del d[key]
+        for key, default in (("mode", "decoupled"), ("denominator", "valid"), ("seed", 0)):
+            if d[key] == default:
                 del d[key]
         if d["grid_mode"] == "product":
             del d["grid_mode"]
@@ -648,9 +799,14 @@ class SweepConfig(Frozen):
         lengths = self.environment.lengths
         for T in lengths:
             env = self.environment.build(T)
+            try:
+                old = self.behaviour.build_old(env)
+            except ValueError as exc:
+                at = f"behaviour.old (T = {T})" if len(lengths) > 1 else "behaviour.old"
+                raise ConfigError(f"{at}: {exc}") from None
             for target in self.behaviour.targets:
                 try:
-                    self.behaviour.build(env, target)
+                    self.behaviour.build(env, target, old)
                 except ValueError as exc:
                     at = f"behaviour.targets (T = {T})" if len(lengths) > 1 else "behaviour.targets"
                     raise ConfigError(f"{at}: {exc}") from None

@@ -34,6 +34,12 @@ disjoint and position t holds one token, the squared norm has no cross terms:
   rescaled at each step and the scales are kept as logarithms, so T = 4096 neither overflows
   nor underflows unless the moment itself exceeds the float range, where it is inf.)
 
+- **composed** (three policies, :func:`composed_moments`): c_t = g_t·Π_u κ_u where g_t is a
+  product of per-token factors (token-level mappings on π/π_old, corrections on π_old/μ) and κ
+  a product form (is_seq, power on either leg): the product-form sweeps with K¹ = μ·κ,
+  K² = μ·κ² and the token-level sign split of g. Sequence truncations/masks (tis_seq, mis_seq),
+  geometric ratios, VESPO and TRL's VESPO composition have no such form (Monte Carlo there).
+
 The ESS columns need E Σ_t |c_t|, E Σ_t c_t² (the same sweeps with terminals 1{±}) and E|y|.
 Tokens with μ = 0 are never drawn (their kernels are 0). ``phi`` is the exact formula: the
 ``max_log_ratio`` clamp of ``Mapping.coefficients`` (log W ≤ 80) is not applied — on the
@@ -333,6 +339,12 @@ def _product_kernels(env, mu, alpha: float, t0: int, t1: int):
 def _product_forward(env, mu, alpha: float):
     """Forward weights of K¹ and K² together (two :func:`_forward` recursions in one loop,
     kernels formed a block at a time): ``((F1, log_F1), (F2, log_F2))``."""
+    return _two_kernel_forward(env, lambda t0, t1: _product_kernels(env, mu, alpha, t0, t1)[1:])
+
+
+def _two_kernel_forward(env, kernels):
+    """Forward weights of two kernels ``kernels(t0, t1) -> (K1, K2)`` (each (b, S, V)) in one
+    loop: ``((F1, log_F1), (F2, log_F2))`` (:func:`_forward`'s rescaling)."""
     S, T = env.S, env.T
     trans = env.transition.ravel()
     a = np.zeros((2, S))
@@ -344,7 +356,7 @@ def _product_forward(env, mu, alpha: float):
     offsets = (np.arange(2) * S)[:, None]
     flat = (trans[None, :] + offsets).ravel()  # both recursions in one bincount
     for t0, t1 in ((t0, min(t0 + _BLOCK, T)) for t0 in range(0, T, _BLOCK)):
-        _, K1, K2 = _product_kernels(env, mu, alpha, t0, t1)
+        K1, K2 = kernels(t0, t1)
         for t in range(t0, t1):
             F[:, t] = a
             log_F[alive, t] = log_scale[alive]
@@ -407,6 +419,188 @@ def sequence_moments(env, mu, mapping, b: float, inv_z: float = 1.0) -> TokenMom
             inner = sp1 * values[:, 2] - 2.0 * kpq
             second += float(np.einsum("bs,bs,b->", F2[t0:t1], inner, s2[:, 0]))
             sq_sum += float(np.einsum("bs,bs,b->", F2[t0:t1], values[:, 3], s2[:, 1]))
+    return TokenMoments(
+        mean=inv_z * mean.ravel(),
+        second=inv_z**2 * second,
+        abs_sum=abs_sum,
+        sq_sum=sq_sum,
+        mean_length=_mean_length(env, mu),
+    )
+
+
+# --- three policies: composed coefficients, c_t = g_t · Π_u κ_u --------------------------------
+
+
+def _factor(mapping):
+    """How ``mapping`` enters a composed coefficient: ``("token", None)`` (a per-token factor
+    g_t = φ(r_t, sign A)), ``("product", α)`` (a product factor Π_u r_u^α: is_seq, power) or
+    None (no such form: sequence truncations and masks, geometric ratios, batch mappings)."""
+    from simkit.mappings.base import ScalarMapping
+
+    if mapping.batch_dependent or mapping.stochastic or not isinstance(mapping, ScalarMapping):
+        return None
+    if mapping.level == "token" and mapping.ratio_kind == "token":
+        return ("token", None)
+    if mapping.name in PRODUCT_MAPPINGS:
+        return ("product", 1.0 if mapping.name == "is_seq" else float(mapping.alpha))
+    return None
+
+
+def composed_dp_applies(
+    env, mapping, correction, mode: str, aggregation: str, denominator: str = "valid"
+) -> str:
+    """'' if :func:`composed_moments` applies (a composed estimator of
+    :mod:`simkit.composition` on ``env``), else why not."""
+    if denominator != "valid":
+        return f"denominator {denominator!r} divides by the kept tokens (a random Z)"
+    if correction is None:
+        return dp_applies(env, mapping, aggregation)
+    if mode == "trl_vespo":
+        return "mode 'trl_vespo' folds the correction into VESPO's W (no product form)"
+    why = dp_applies(env, mapping, aggregation)
+    if why:
+        return why
+    if _factor(correction) is None:
+        return (
+            f"correction {correction.name!r} is not a per-token or product-form factor "
+            "(a truncation or mask of a sequence-level ratio)"
+        )
+    return ""
+
+
+def composed_moments(
+    env,
+    mu,
+    old,
+    mapping,
+    correction,
+    mode: str,
+    baseline: float,
+    aggregation: str = "seq-mean-token-sum",
+    max_length=None,
+) -> TokenMoments:
+    """:class:`TokenMoments` of a composed estimator (three policies) by DP, exact at any T.
+
+    With ``mode="decoupled"`` the coefficient is c_t = c_mapping(π/π_old)_t ·
+    c_correction(π_old/μ)_t; ``"bypass"``: both on π/μ (π_old := μ). When each part is either a
+    per-token factor (a token-level φ(r_t, sign A): ppo_clip, dapo, tis_token, mis_token,
+    icepop, ...) or a product over positions (is_seq: Π r_u; power: Π r_u^α), c_t = g_t·Π_u κ_u
+    with g_t the product of the per-token factors at t and κ_u that of the product factors, and
+    the moments are the sweeps of the module docstring with kernels K¹ = μ·κ, K² = μ·κ²
+    (π_old's per-token ratios enter through κ and g only; forward and backward vectors rescaled
+    as in :func:`sequence_moments`):
+
+        E h block (t, p) = a Σ_{s∈p} Σ_v F¹_t(s) K¹_t(s, v) [g⁺ Q¹(A·1⁺) + g⁻ Q¹(A·1⁻)] (e_v − π_t)
+        E‖h‖²           = a² Σ_t Σ_{s,v} F²_t(s) K²_t(s, v) N_t(s, v) [g⁺² Q²(A²1⁺) + g⁻² Q²(A²1⁻)]
+
+    (g^± = g at sign A = ±). No DP — the caller falls back to Monte Carlo — for sequence-level
+    truncations or masks of a ratio (tis_seq, mis_seq: min(W, C) is not a product), geometric
+    ratios (gspo, geo_mask), VESPO's φ(W) and ``mode="trl_vespo"`` (W folds the truncated token
+    weights: not a product of factors with a closed kernel), batch mappings, and
+    ``denominator="kept"`` (:func:`composed_dp_applies` says which). ``old`` None: π_old = π.
+    ``phi`` is the exact formula (no ``max_log_ratio`` clamp, as in the single-ratio sweeps).
+    Checked against enumeration to 1e-10 in ``tests/test_token_moments_old.py``.
+    """
+    why = composed_dp_applies(env, mapping, correction, mode, aggregation)
+    if why:
+        raise ValueError(f"no moment DP: {why}")
+    mu = env.check_policy(mu)
+    old = env.pi if old is None else env.check_policy(old, "old")
+    b = float(baseline)
+    if not math.isfinite(b):
+        raise ValueError(f"baseline must be finite, got {baseline}")
+    if max_length is not None and aggregation != "seq-mean-token-sum-norm":
+        raise ValueError("max_length applies to aggregation 'seq-mean-token-sum-norm' only")
+    if aggregation == "token-mean":
+        inv_z = 1.0 / env.T
+    elif aggregation == "seq-mean-token-sum-norm":
+        inv_z = 1.0 / (env.T if max_length is None else int(max_length))
+    else:
+        inv_z = 1.0
+    if correction is None:  # the single-ratio estimator on π/μ, whatever π_old is
+        legs = [(mapping, "pi", "mu")]
+    elif mode == "bypass":
+        legs = [(mapping, "pi", "mu"), (correction, "pi", "mu")]
+    else:
+        legs = [(mapping, "pi", "old"), (correction, "old", "mu")]
+    policies = {"pi": env.pi, "old": old, "mu": mu}
+    parts = [(m, _factor(m), policies[num], policies[den]) for m, num, den in legs]
+
+    def factors(t0: int, t1: int):
+        """(π rows, μ rows, g⁺, g⁻, κ) at positions t0..t1 − 1, each (b, S, V); κ None ≡ 1."""
+        P, M = _rows(env, env.pi, t0, t1), _rows(env, mu, t0, t1)
+        g_pos = g_neg = kappa = None
+        for m, (kind, alpha), num, den in parts:
+            R = _ratio(_rows(env, num, t0, t1), _rows(env, den, t0, t1), 0.0)
+            if kind == "token":
+                fp, fn = m.phi(R, True), m.phi(R, False)
+                g_pos = fp if g_pos is None else g_pos * fp
+                g_neg = fn if g_neg is None else g_neg * fn
+            else:
+                k = R if alpha == 1.0 else np.power(R, alpha)
+                kappa = k if kappa is None else kappa * k
+        ones = np.ones_like(P)
+        g_pos = ones if g_pos is None else g_pos
+        g_neg = ones if g_neg is None else g_neg
+        drawn = M > 0
+        if not drawn.all():  # tokens μ never emits carry no weight
+            g_pos, g_neg = np.where(drawn, g_pos, 0.0), np.where(drawn, g_neg, 0.0)
+        return P, M, g_pos, g_neg, kappa
+
+    def kernels(t0: int, t1: int):
+        _, M, _, _, kappa = factors(t0, t1)
+        if kappa is None:
+            return M, M
+        k1 = M * kappa
+        return k1, k1 * kappa
+
+    return _factored_moments(env, mu, factors, kernels, b, inv_z)
+
+
+def _factored_moments(env, mu, factors, kernels, b: float, inv_z: float) -> TokenMoments:
+    """The sweeps of :func:`composed_moments` (``factors``, ``kernels``: its block tables)."""
+    (F1, log_F1), (F2, log_F2) = _two_kernel_forward(env, kernels)
+    rows, spec = _terminal_rows(env.reward - b)
+    m = rows.shape[0]
+    back = _Backward(env, np.concatenate([rows, rows]))  # rows under K¹, then under K²
+    mean = np.zeros(env.logits.shape)
+    second = abs_sum = sq_sum = 0.0
+    with np.errstate(over="ignore", invalid="ignore"):
+        for t0, t1 in _position_blocks(env, env.T):
+            P, _, g_pos, g_neg, _ = factors(t0, t1)
+            K1, K2 = kernels(t0, t1)
+            b_len = t1 - t0
+            Qb = np.empty((b_len, 2 * m, env.S, env.V))
+            log_qb = np.empty((b_len, 2 * m))
+            for t in range(t1 - 1, t0 - 1, -1):
+                i = t - t0
+                Q, log_q = back.at(t)
+                Qb[i], log_qb[i] = Q, log_q
+                value = np.empty((2 * m, env.S))
+                value[:m] = np.einsum("sv,msv->ms", K1[i], Q[:m])
+                value[m:] = np.einsum("sv,msv->ms", K2[i], Q[m:])
+                back.step(value, log_q)
+            alive1 = np.isfinite(log_F1[t0:t1])[:, None]
+            alive2 = np.isfinite(log_F2[t0:t1])[:, None]
+            s1 = np.where(alive1, np.exp(log_F1[t0:t1, None] + log_qb[:, :m]), 0.0)  # (b, m)
+            s2 = np.where(alive2, np.exp(log_F2[t0:t1, None] + log_qb[:, m:]), 0.0)
+            w1 = F1[t0:t1][..., None] * K1  # F¹_t(s) K¹_t(s, v), (b, S, V)
+            w2 = F2[t0:t1][..., None] * K2
+            w2N = w2 * ((1.0 + np.einsum("bsv,bsv->bs", P, P))[..., None] - 2.0 * P)
+            lam = np.zeros_like(w1)
+            for j, (positive, k1, k2, k0) in enumerate(spec):
+                g = g_pos if positive else g_neg
+                Y1 = Qb[:, j] * s1[:, j, None, None]  # true Q¹ of row j (scaled by F¹'s)
+                Y2 = Qb[:, m + j] * s2[:, j, None, None]
+                gY2 = g * g * Y2
+                if k1:
+                    lam += k1 * g * Y1
+                if k2:
+                    second += k2 * float(np.einsum("bsv,bsv->", w2N, gY2))
+                if k0:
+                    abs_sum += k0 * float(np.einsum("bsv,bsv->", w1, np.abs(g) * Y1))
+                    sq_sum += k0 * float(np.einsum("bsv,bsv->", w2, gY2))
+            _store_blocks(env, mean, t0, t1, w1 * lam, P)
     return TokenMoments(
         mean=inv_z * mean.ravel(),
         second=inv_z**2 * second,

@@ -96,7 +96,6 @@ from simkit.experiment.exact import (
     exact_metrics,
     exact_moments,
     has_exact_path,
-    is_enumerable,
     old_log_ratio_of,
     oracle_baseline,
     tie,
@@ -237,8 +236,6 @@ def run(
                 + ". Use exact='auto' to run them by Monte Carlo."
             )
     use_exact = [exact is not False and not why_not_exact(e, env, params) for e in ests]
-    if old is not None and not is_enumerable(env):  # the moment DP has no π_old leg
-        use_exact = [False] * len(ests)
 
     check_samples(reps, n, env.T)  # the batches are drawn at once: refuse what cannot fit
     old_p = None if old is None else legs.check_old(env, old)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simkit import legs
-from simkit.envs.token_moments import dp_applies
+from simkit.envs.token_moments import composed_dp_applies, composed_moments
 from simkit.envs.token_moments import moments as dp_moments
 from simkit.estimators import PER_SAMPLE_ADVANTAGES, Estimator, as_estimator
 from simkit.experiment.metrics import (
@@ -79,7 +79,8 @@ def exact_moments(
 
     ``old``: π_old (shape of ``behaviour``; None: π_old = π) for a composed estimator
     (:mod:`simkit.composition`): each atom's o_t = log π_old − log μ (:mod:`simkit.legs`) is
-    known, so the exact path is unchanged.
+    known, so the exact path is unchanged; beyond enumeration the composed moment DP
+    (:func:`simkit.envs.token_moments.composed_moments`) where the coefficient factorises.
     """
     est = as_estimator(estimator)
     params = check_params(params)
@@ -89,13 +90,8 @@ def exact_moments(
         raise ValueError(f"estimator {est.name!r} {kind}: {why}")
     est.check_batch_size(n)
     mu = env.check_policy(behaviour, "behaviour")
-    if not is_enumerable(env):  # beyond enumeration: the moment DP (untied parameters, π_old = π)
-        if old is not None:
-            raise ValueError(
-                "old (π_old) is not supported beyond enumeration: the moment DP handles one "
-                f"ratio π/μ; the environment has {env.n_sequences} sequences"
-            )
-        return _dp_moments(env, mu, est, n)
+    if not is_enumerable(env):  # beyond enumeration: the moment DP (untied parameters)
+        return _dp_moments(env, mu, est, n, old)
     baseline = oracle_baseline(env, mu, est)
     atoms = env.support(mu, baseline)
     mask = np.asarray(atoms.mask, dtype=bool)  # (M, T)
@@ -199,11 +195,16 @@ def has_exact_path(env, estimator) -> bool:
     return not why_not_exact(as_estimator(estimator), env)
 
 
-def _dp_moments(env, mu, est: Estimator, n: int) -> ExactMoments:
-    """Exact moments by the token-MDP DP (:mod:`simkit.envs.token_moments`), any T."""
-    m = dp_moments(
-        env, mu, est.mapping, oracle_baseline(env, mu, est), est.aggregation, est.max_length
-    )
+def _dp_moments(env, mu, est: Estimator, n: int, old=None) -> ExactMoments:
+    """Exact moments by the token-MDP DP (:mod:`simkit.envs.token_moments`), any T; a composed
+    estimator by :func:`~simkit.envs.token_moments.composed_moments` with π_old = ``old``."""
+    b = oracle_baseline(env, mu, est)
+    if est.correction is None:  # one ratio π/μ, whatever π_old is
+        m = dp_moments(env, mu, est.mapping, b, est.aggregation, est.max_length)
+    else:
+        m = composed_moments(
+            env, mu, old, est.mapping, est.correction, est.mode, b, est.aggregation, est.max_length
+        )
     return ExactMoments(mean=m.mean, variance=m.variance(n), ess=m.ess(n))
 
 
@@ -242,10 +243,10 @@ def why_not_exact(est: Estimator, env=None, params: str = "untied") -> str:
         if not reasons and not is_enumerable(env):
             if params != "untied":
                 why_dp = "the moment DP is for untied parameters"
-            elif est.correction is not None or est.denominator != "valid":
-                why_dp = "the moment DP handles one ratio π/μ (no correction, denominator 'valid')"
             else:
-                why_dp = dp_applies(env, est.mapping, est.aggregation)
+                why_dp = composed_dp_applies(
+                    env, est.mapping, est.correction, est.mode, est.aggregation, est.denominator
+                )
             if why_dp:
                 reasons.append(
                     f"the environment has {env.n_sequences} sequences, more than the enumeration "

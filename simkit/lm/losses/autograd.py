@@ -1,6 +1,8 @@
-"""Custom autograd steps of the torch policy losses: a capped exponential whose derivative is
-its value, a band clamp whose backward reuses the forward's outside-mask, and a surrogate
-whose value and derivative a kernel computes together (see :mod:`simkit.lm.losses`)."""
+"""Custom autograd steps of the torch policy losses: the linearised loss every surrogate loss
+is returned through (value and gradient computed together, one multiplication in the
+backward), a capped exponential whose derivative is its value, a band clamp whose backward
+reuses the forward's outside-mask, and a surrogate whose value and derivative a kernel computes
+together (see :mod:`simkit.lm.losses`)."""
 
 from __future__ import annotations
 
@@ -109,3 +111,36 @@ def analytic_surrogate(
         with torch.no_grad():
             return value_and_derivative(log_ratio)[0]
     return _AnalyticSurrogate.apply(log_ratio, value_and_derivative)[0]
+
+
+class _LinearisedLoss(torch.autograd.Function):
+    """A 0-d loss ``value`` whose gradient w.r.t. ``x`` is ``gradient`` (both computed by the
+    caller without autograd): the backward is one multiplication, grad·gradient."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, value, gradient):
+        return value.clone()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, _, gradient = inputs
+        ctx.save_for_backward(gradient)
+        ctx.x_dtype = x.dtype
+
+    @staticmethod
+    def backward(ctx, grad):
+        (gradient,) = ctx.saved_tensors
+        return (grad.to(gradient.dtype) * gradient).to(ctx.x_dtype), None, None
+
+
+def linearised_loss(x: torch.Tensor, value: torch.Tensor, gradient: torch.Tensor) -> torch.Tensor:
+    """``value`` (0-d) as a function of ``x`` with ∂value/∂x = ``gradient`` (the shape of x;
+    cast to x's dtype in the backward). The caller guarantees that ``gradient`` is the exact
+    derivative: :func:`simkit.lm.losses.policy_loss` forms it from each kernel's c = ∂F/∂log r
+    (tests: gradient = −c·A/Z of :mod:`simkit.mappings` to 1e-10). Without autograd on ``x``
+    it returns ``value``. No double backward."""
+    if not (x.requires_grad and torch.is_grad_enabled()):
+        return value
+    return _LinearisedLoss.apply(x, value, gradient)

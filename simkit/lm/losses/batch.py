@@ -62,6 +62,13 @@ class _Batch:
         log-ratio is 0 (so on every padded position): the clipped valid tokens."""
         return torch.count_nonzero(flags)
 
+    def count_outside(self, inside: torch.Tensor) -> torch.Tensor:
+        """Number of 0 entries of the 0/1 float ``inside`` (N, T), which must be 1 on every
+        padded position (a band that contains r = 1): the clipped valid tokens."""
+        # a float32 sum of 0/1 is exact up to 2^24 entries (and 5x faster than float64 here)
+        exact = inside.numel() <= 2**24 or inside.dtype == torch.float64
+        return inside.numel() - inside.sum(dtype=None if exact else torch.float64)
+
     def count_rows(self, clipped: torch.Tensor) -> torch.Tensor:
         """Number of valid tokens in the rows flagged by ``clipped`` (N,) bool."""
         return torch.where(clipped, self.lengths, 0.0).sum()
@@ -71,7 +78,9 @@ class _Batch:
 class _Terms:
     """What a kernel returns.
 
-    Surrogate form: ``tok`` (N, T) is F (differentiable, finite everywhere, padding included).
+    Surrogate form: ``tok`` (N, T) is F and ``dtok`` its derivative c = ∂F/∂log r (both
+    computed without autograd, finite everywhere, padding included; ``penalty``/``dpenalty``
+    likewise for kl_cov's penalty term).
     Detached form: ``tok`` (N, T) the token coefficient c, or ``seq`` (N,) one coefficient per
     row. ``n_clipped``: a function returning the number of clipped valid tokens as a 0-d tensor
     (only called when metrics are requested; ``None``: the mapping never clips). ``extra``:
@@ -83,3 +92,5 @@ class _Terms:
     n_clipped: Callable[[], torch.Tensor] | None = None
     extra: dict | None = None
     penalty: torch.Tensor | None = None
+    dtok: torch.Tensor | None = None
+    dpenalty: torch.Tensor | None = None

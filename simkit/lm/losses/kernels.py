@@ -1,6 +1,9 @@
 """The loss kernels, one per family of weight mappings: each ``kernel(mapping, batch) -> _Terms``
 implements the coefficient of ``simkit.mappings.<family>`` in torch, from the reference sheet,
-without calling the numpy implementation (the table of :mod:`simkit.lm.losses`)."""
+without calling the numpy implementation (the table of :mod:`simkit.lm.losses`). Kernels run
+without autograd (the batch's log-ratio is detached): a surrogate kernel returns F and its
+derivative c = ∂F/∂log r together, and :func:`~simkit.lm.losses.policy_loss` carries the
+gradient through one :func:`~simkit.lm.losses.autograd.linearised_loss` step."""
 
 from __future__ import annotations
 
@@ -9,7 +12,6 @@ from collections.abc import Callable
 
 import torch
 
-from simkit.lm.losses.autograd import analytic_surrogate, band_clamp
 from simkit.lm.losses.batch import _Batch, _Terms
 from simkit.lm.losses.batch_weights import m2po_removed, psis_smooth
 from simkit.mappings.base import Mapping
@@ -23,16 +25,23 @@ def _log(x: float) -> float:
 
 
 def _sequence_value_per_token(
-    log_value: torch.Tensor, log_ratio: torch.Tensor, gate: torch.Tensor | None = None
-) -> torch.Tensor:
-    """F_t = exp(sg(log_value_i) + g_i·(log r_t − sg(log r_t))): the value exp(log_value_i) on
-    every token of row i, derivative w.r.t. log r_t equal to g_i·value (verl's per-token form
-    of a sequence ratio: only token t's own log-probability is differentiated). ``log_value``,
-    ``gate`` (N,) (``gate`` 0/1; None = 1), ``log_ratio`` (N, T)."""
-    delta = log_ratio - log_ratio.detach()
-    if gate is not None:
-        delta = delta * gate[:, None]
-    return torch.exp(log_value.detach()[:, None] + delta)
+    log_value: torch.Tensor, log_ratio: torch.Tensor, gate: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(F, c) of F_t = exp(sg(log_value_i) + g_i·(log r_t − sg(log r_t))): the value
+    exp(log_value_i) on every token of row i, derivative w.r.t. log r_t equal to g_i·value
+    (verl's per-token form of a sequence ratio: only token t's own log-probability is
+    differentiated). ``log_value``, ``gate`` (N,) (0/1), ``log_ratio`` (N, T); both results are
+    (N, T) views of (N, 1) columns."""
+    value = torch.exp(log_value)
+    shape = log_ratio.shape
+    return value[:, None].expand(shape), (value * gate)[:, None].expand(shape)
+
+
+def _inside(clamped: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """1.0 where ``clamped`` == ``x`` (inside the band), 0.0 elsewhere, by float arithmetic:
+    1 − sign|clamped − x| (a float difference is 0 exactly when the two are equal; a bool
+    comparison and its cast cost several float operations on CPU)."""
+    return (clamped - x).abs_().sign_().neg_().add_(1.0)
 
 
 def _row_bounds(b: _Batch, lo_pos, hi_pos, lo_neg, hi_neg) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,7 +54,8 @@ def _naive(m, b: _Batch) -> _Terms:
 
 
 def _is_token(m, b: _Batch) -> _Terms:
-    return _Terms(tok=b.ratio(m.max_log_ratio))
+    r = b.ratio_value(b.log_ratio, m.max_log_ratio)  # capped: derivative = the capped value
+    return _Terms(tok=r, dtok=r)
 
 
 def _is_seq(m, b: _Batch) -> _Terms:
@@ -87,18 +97,19 @@ def _clip_band(m, b: _Batch) -> _Terms:
     (and dual clip's max(·, c_dual·A) for A < 0). ∂F/∂log r = r inside [lo, hi], 0 outside."""
     c_dual = getattr(m, "c_dual", math.inf)
     lo, hi = _row_bounds(b, -math.inf, 1.0 + m.eps_high, 1.0 - m.eps_low, c_dual)
-    r = b.ratio(m.max_log_ratio)
-    F, outside = band_clamp(r, lo, hi)
+    r = b.ratio_value(b.log_ratio, m.max_log_ratio)
+    F = torch.maximum(torch.minimum(r, hi), lo)  # = clamp(r, lo, hi) for lo <= hi, faster
+    inside = _inside(F, r)
     finite_highs = [h for h in (1.0 + m.eps_high, c_dual) if math.isfinite(h)]
     if b.lr_max > m.max_log_ratio and any(math.log(h) > m.max_log_ratio for h in finite_highs):
         # a capped r = e^cap can sit inside the band while log r is above it: the band is
         # decided on the log-ratio itself, as in simkit.mappings (only for tiny caps)
         log_hi = b.per_row(math.log1p(m.eps_high), _log(c_dual))[:, None]
-        above = b.log_ratio.detach() > log_hi
+        above = b.log_ratio > log_hi
         F = torch.where(above, hi, F)
-        outside = outside | above
+        inside = inside.masked_fill_(above, 0.0)
     # lo <= 1 <= hi: a padded position (r = 1) is never flagged
-    return _Terms(tok=F, n_clipped=lambda: b.count_flags(outside))
+    return _Terms(tok=F, dtok=r * inside, n_clipped=lambda: b.count_outside(inside))
 
 
 def _gspo(m, b: _Batch) -> _Terms:
@@ -112,8 +123,8 @@ def _gspo(m, b: _Batch) -> _Terms:
     # outside the band F is the clipped value (constant); 1 − ε_low <= 0 never clips
     bound = b.per_row(1.0 + m.eps_high, max(1.0 - m.eps_low, 1e-30))
     log_value = torch.where(in_band, log_s, torch.log(bound))
-    F = _sequence_value_per_token(log_value, b.log_ratio, in_band.to(b.log_w.dtype))
-    return _Terms(tok=F, n_clipped=lambda: b.count_rows(~in_band))
+    F, c = _sequence_value_per_token(log_value, b.log_ratio, in_band.to(b.log_w.dtype))
+    return _Terms(tok=F, dtok=c, n_clipped=lambda: b.count_rows(~in_band))
 
 
 def _gmpo(m, b: _Batch) -> _Terms:
@@ -132,8 +143,8 @@ def _gmpo(m, b: _Batch) -> _Terms:
         kept = torch.logical_not(clipped).view(torch.uint8).to(R.dtype)
         return R.expand(clipped.shape), kept.mul_(R)
 
-    F = analytic_surrogate(b.log_ratio, value_and_derivative)
-    return _Terms(tok=F, n_clipped=lambda: b.count_flags(clipped))
+    F, c = value_and_derivative(b.log_ratio)
+    return _Terms(tok=F, dtok=c, n_clipped=lambda: b.count_flags(clipped))
 
 
 def _sapo(m, b: _Batch) -> _Terms:
@@ -149,7 +160,8 @@ def _sapo(m, b: _Batch) -> _Terms:
         c = torch.sigmoid(x.neg_()).mul_(s).mul_(r).mul_(4.0)
         return s.mul_(4.0 / tau), c
 
-    return _Terms(tok=analytic_surrogate(b.log_ratio, value_and_derivative))
+    F, c = value_and_derivative(b.log_ratio)
+    return _Terms(tok=F, dtok=c)
 
 
 def _luffy(m, b: _Batch) -> _Terms:
@@ -165,7 +177,8 @@ def _luffy(m, b: _Batch) -> _Terms:
         c = (q / d).mul_(scale * gamma)  # κγr/(r + γ)²
         return q.mul_(scale), c
 
-    return _Terms(tok=analytic_surrogate(b.log_ratio, value_and_derivative))
+    F, c = value_and_derivative(b.log_ratio)
+    return _Terms(tok=F, dtok=c)
 
 
 def _aspo(m, b: _Batch) -> _Terms:
@@ -177,23 +190,17 @@ def _aspo(m, b: _Batch) -> _Terms:
     log_cap = math.log(m.c_dual)
     sign = b.per_row(-1.0, 1.0)[:, None]
     lo, hi = _row_bounds(b, -math.inf, math.log1p(m.eps_high), _log(1.0 - m.eps_low), log_cap)
-    with torch.no_grad():
-        outside = torch.maximum(torch.minimum(lr.detach(), hi), lo) != lr.detach()
-
-    def value_and_derivative(lr):
-        weight = torch.exp(torch.clamp(lr * sign, max=log_cap))
-        inside = torch.logical_not(outside).view(torch.uint8).to(weight.dtype)
-        return weight, inside.mul_(weight)
-
-    F = analytic_surrogate(lr, value_and_derivative)
+    inside = _inside(torch.maximum(torch.minimum(lr, hi), lo), lr)
+    weight = torch.exp(torch.clamp(lr * sign, max=log_cap))
 
     def n_clipped():
+        outside = inside == 0
         if -b.lr_min <= log_cap:  # no flipped weight reaches the cap
             return b.count_flags(outside)
-        capped = b.positive[:, None] & (-lr.detach() > log_cap)
+        capped = b.positive[:, None] & (-lr > log_cap)
         return b.count_flags(outside | capped)
 
-    return _Terms(tok=F, n_clipped=n_clipped)
+    return _Terms(tok=weight, dtok=inside * weight, n_clipped=n_clipped)
 
 
 def _clamped_ratio(b: _Batch, low: float, high: float, max_log_ratio: float) -> _Terms:
@@ -277,11 +284,12 @@ def _token_veto(m, b: _Batch) -> _Terms:
 
 def _m2po(m, b: _Batch) -> _Terms:
     removed = m2po_removed(b.log_ratio, b.mask, b.positive, m.tau, m.trust_region_only)
-    r = b.ratio(m.max_log_ratio)
+    r = b.ratio_value(b.log_ratio, m.max_log_ratio)
     if removed is None:
-        return _Terms(tok=r, n_clipped=None)
+        return _Terms(tok=r, dtok=r, n_clipped=None)
     kept = torch.logical_not(removed).view(torch.uint8).to(r.dtype)
-    return _Terms(tok=r * kept, n_clipped=lambda: b.count_flags(removed))
+    F = r * kept
+    return _Terms(tok=F, dtok=F, n_clipped=lambda: b.count_flags(removed))
 
 
 def _topr(m, b: _Batch) -> _Terms:
@@ -370,26 +378,45 @@ def _clip_cov(m, b: _Batch) -> _Terms:
     terms = _clip_band(m, b)
     cov = _covariance(b)
     with torch.no_grad():
-        lr = b.log_ratio.detach()
-        adv = b.adv[:, None]
-        clipped = ((adv > 0) & (lr > math.log1p(m.eps_high))) | (
-            (adv < 0) & (lr < _log(1.0 - m.eps_low))
-        )
-        cand = b.mask & ~clipped & (cov > m.lb) & (cov < m.ub)
-        idx = torch.nonzero(cand.reshape(-1)).reshape(-1)
-        detached = torch.zeros_like(b.mask)
-        if idx.numel():
+        cand = _clip_cov_candidates(m, b, cov).reshape(-1)
+        # the (p+1)-th candidate of the flat order is where the running count reaches p + 1
+        # (a cumulative sum and a binary search: several times faster than nonzero)
+        count_dtype = torch.int32 if cand.numel() < 2**31 else torch.int64
+        running = torch.cumsum(cand, 0, dtype=count_dtype)
+        n_cand = int(running[-1]) if cand.numel() else 0
+        F, dF = terms.tok, terms.dtok
+        n_detached = 0
+        if n_cand:
             n_valid = int(b.lengths.sum())
-            picks = draw_subset(b.rng, idx.numel(), max(int(m.ratio * n_valid), 1))
-            chosen = idx[torch.as_tensor(picks, device=idx.device)]
-            detached = detached.reshape(-1).index_fill(0, chosen, True).reshape(b.mask.shape)
-        keep = torch.logical_not(detached).view(torch.uint8).to(terms.tok.dtype)
-    F = terms.tok * keep
+            picks = draw_subset(b.rng, n_cand, max(int(m.ratio * n_valid), 1))
+            target = torch.as_tensor(picks, device=cand.device).to(count_dtype) + 1
+            chosen = torch.searchsorted(running, target)
+            F.view(-1).index_fill_(0, chosen, 0.0)  # both fresh tensors of _clip_band
+            dF.view(-1).index_fill_(0, chosen, 0.0)
+            n_detached = chosen.numel()
 
-    def n_clipped():
-        return terms.n_clipped() + b.count_flags(detached)
+    def n_clipped():  # the detached tokens are unclipped ones: the two counts add up
+        return terms.n_clipped() + n_detached
 
-    return _Terms(tok=F, n_clipped=n_clipped)
+    return _Terms(tok=F, dtok=dF, n_clipped=n_clipped)
+
+
+def _clip_cov_candidates(m, b: _Batch, cov: torch.Tensor) -> torch.Tensor:
+    """valid ∧ not clipped ∧ lb < cov < ub (N, T) bool, by float arithmetic and one compare:
+    clipped is s·log r > θ with s = sign A and θ = log(1 + ε_high) (A > 0), −log(1 − ε_low)
+    (A < 0), +∞ (A = 0); s·log r ≤ θ ⇔ s·log r − θ' < 0 with θ' the next float above θ, and
+    lb < cov < ub ⇔ max(lb − cov, cov − ub) < 0 (the sign of a float difference is exact);
+    padding has cov = −∞, so lb − cov = +∞ excludes it."""
+    dtype = b.log_ratio.dtype
+    inf = torch.tensor(math.inf, dtype=dtype, device=b.log_ratio.device)
+    hi = torch.tensor(math.log1p(m.eps_high), dtype=dtype, device=inf.device)
+    lo = torch.tensor(-_log(1.0 - m.eps_low), dtype=dtype, device=inf.device)
+    theta = torch.where(b.adv > 0, hi, torch.where(b.adv < 0, lo, inf))
+    theta = torch.nextafter(theta, inf)[:, None]
+    s = torch.sign(b.adv).to(dtype)[:, None]
+    band = torch.maximum(m.lb - cov, cov - m.ub)
+    unclipped = (b.log_ratio * s).sub_(theta)
+    return torch.maximum(band, unclipped) < 0.0
 
 
 def _kl_cov(m, b: _Batch) -> _Terms:
@@ -398,27 +425,41 @@ def _kl_cov(m, b: _Batch) -> _Terms:
     cov = _covariance(b)  # −inf on padding: never among the k <= #valid largest
     with torch.no_grad():
         n_valid = int(b.lengths.sum())
-        selected = torch.zeros_like(b.mask)
+        chosen = torch.zeros(0, dtype=torch.int64, device=cov.device)
         if n_valid:
             k = max(1, int(n_valid * m.ratio))
             chosen = _top_k_first(cov.reshape(-1), k)
-            selected = selected.reshape(-1).index_fill(0, chosen, True).reshape(b.mask.shape)
-        sel = selected.view(torch.uint8).to(b.log_w.dtype)
-    penalty = b.log_ratio.abs() * sel * m.kappa if m.kappa > 0 else None
+    penalty = dpenalty = None
+    lr = b.log_ratio
+    if m.kappa > 0:  # κ·|log r| on the selected tokens; derivative κ·sign(log r) (0 at 0)
+        sel = torch.zeros_like(lr)
+        sel.view(-1).index_fill_(0, chosen, m.kappa)
+        penalty = lr.abs().mul_(sel)
+        dpenalty = lr.sign().mul_(sel)
+    r = b.ratio_value(lr, m.max_log_ratio)
     # clipped: penalised tokens where the penalty acts (log r ≠ 0; on-policy it is 0)
     return _Terms(
-        tok=b.ratio(m.max_log_ratio),
-        n_clipped=lambda: b.count_flags(selected & (b.log_ratio.detach() != 0)),
+        tok=r,
+        dtok=r,
+        n_clipped=lambda: torch.count_nonzero(lr.reshape(-1)[chosen]),
         penalty=penalty,
+        dpenalty=dpenalty,
     )
 
 
 def _top_k_first(values: torch.Tensor, k: int) -> torch.Tensor:
     """Positions of the k largest ``values`` (1-D), ties at the k-th value first by position
-    (as :func:`simkit.mappings.covariance.top_k_first`): ``torch.topk`` for the k-th value,
-    then the strictly larger ones and the first ties."""
-    k = min(k, values.numel())
-    kth = torch.topk(values, k).values[-1]
+    (as :func:`simkit.mappings.covariance.top_k_first`), sorted. ``torch.topk`` of k + 1: when
+    the (k+1)-th value is below the k-th, no tie at the k-th value lies outside the top k and
+    its positions are the answer; otherwise the strictly larger values and the first ties."""
+    n = values.numel()
+    k = min(k, n)
+    if k == n:
+        return torch.arange(n, device=values.device)
+    top = torch.topk(values, k + 1)
+    kth, next_value = top.values[k - 1 : k + 1].tolist()
+    if next_value < kth:
+        return torch.sort(top.indices[:k]).values
     above = torch.nonzero(values > kth).reshape(-1)
     ties = torch.nonzero(values == kth).reshape(-1)[: k - above.numel()]
     return torch.sort(torch.cat([above, ties])).values

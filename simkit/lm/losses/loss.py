@@ -10,6 +10,7 @@ import torch
 
 from simkit import mappings as _mappings
 from simkit.lm.losses.aggregation import _check_aggregation, _inverse_z
+from simkit.lm.losses.autograd import linearised_loss
 from simkit.lm.losses.batch import _Batch, _Terms
 from simkit.lm.losses.inputs import _as_tensor, _check_inputs
 from simkit.lm.losses.kernels import _KERNELS, _log
@@ -166,19 +167,21 @@ def policy_loss(
     lp, old, mask, adv, dtype = _check_inputs(log_prob, old_log_prob, advantages, response_mask)
     maskf = mask.view(torch.uint8).to(dtype)  # (a bool → float cast is several times slower)
     lengths = maskf.sum(dim=1)
+    full = int(lengths.sum(dtype=torch.float64)) == mask.numel()  # no padding: no mask products
     inv_z = _inverse_z(lengths, mask.shape[1], agg, max_length)
     surrogate = FORMS[mapping.name] == SURROGATE
     lp = lp.to(dtype)
 
-    # log r = (log π − log μ)·mask: one multiplication, exact whenever every log π − log μ is
-    # finite (padding included); otherwise (±inf/NaN garbage somewhere) a select that keeps
-    # padded positions out of the values and of the gradient
-    with torch.set_grad_enabled(surrogate and torch.is_grad_enabled()):
-        log_ratio = (lp - old).mul_(maskf)
+    # log r = (log π − log μ)·mask, detached (the kernels run without autograd; a surrogate's
+    # gradient is carried by one linearised step at the end): one multiplication, exact
+    # whenever every log π − log μ is finite (padding included); otherwise (±inf/NaN garbage
+    # somewhere) a select that keeps padded positions out of the values and of the gradient
+    with torch.no_grad():
+        log_ratio = lp - old if full else (lp - old).mul_(maskf)
     lr_min, lr_max = _extremes(log_ratio)
     finite = math.isfinite(lr_min) and math.isfinite(lr_max)
     if not finite:
-        with torch.set_grad_enabled(surrogate and torch.is_grad_enabled()):
+        with torch.no_grad():
             log_ratio = torch.where(mask, lp - old, 0.0)
         lr_min, lr_max = _extremes(log_ratio)
         if not (math.isfinite(lr_min) and math.isfinite(lr_max)):
@@ -190,10 +193,9 @@ def policy_loss(
                 "old_log_prob where response_mask is True (padding may hold anything), as the "
                 "numpy mappings do"
             )
-    log_w = log_ratio.detach().sum(dim=1)
+    log_w = log_ratio.sum(dim=1)
     log_s = log_w / lengths.clamp(min=1)  # 0 for an empty row (its log W is 0)
     needs_log_prob = mapping.name in ("clip_cov", "kl_cov")
-    full = needs_log_prob and bool(mask.all())  # no padding: the selects can be skipped
     batch = _Batch(
         log_ratio,
         mask,
@@ -231,17 +233,7 @@ def policy_loss(
         inv_z = _inverse_z(kept.sum(dim=1).to(dtype), mask.shape[1], agg, max_length)
     row_weight = adv * inv_z  # A_i / Z_i
     if surrogate:
-        with torch.no_grad():
-            token_weight = maskf * row_weight[:, None]
-            if c_corr is not None:
-                token_weight = token_weight * c_corr
-        loss = -torch.dot(terms.tok.reshape(-1), token_weight.reshape(-1))
-        if terms.penalty is not None:
-            with torch.no_grad():
-                pen_weight = maskf * inv_z[:, None]
-                if c_corr is not None:
-                    pen_weight = pen_weight * c_corr
-            loss = loss + torch.dot(terms.penalty.reshape(-1), pen_weight.reshape(-1))
+        loss = _surrogate_loss(log_prob, terms, maskf, row_weight, inv_z, c_corr)
     else:
         with torch.no_grad():
             if terms.seq is not None:
@@ -254,6 +246,27 @@ def policy_loss(
         log_pi = lp if finite else torch.where(mask, lp, 0.0)
         loss = -torch.dot(token_weight.reshape(-1), log_pi.reshape(-1))
     return loss, (_metrics(batch, terms) if compute_metrics else {})
+
+
+def _surrogate_loss(log_prob, terms, maskf, row_weight, inv_z, c_corr) -> torch.Tensor:
+    """loss = −Σ F·w (+ Σ penalty·w_pen) with w = mask·A/Z (× the correction), and its
+    gradient −c·w (+ ∂penalty·w_pen) w.r.t. ``log_prob`` (the kernel's c = ∂F/∂log r) carried
+    by one :func:`linearised_loss` step: the backward is one multiplication."""
+    needs_grad = log_prob.requires_grad and torch.is_grad_enabled()
+    with torch.no_grad():
+        token_weight = maskf * row_weight[:, None]
+        if c_corr is not None:
+            token_weight = token_weight * c_corr
+        value = -torch.dot(terms.tok.reshape(-1), token_weight.reshape(-1))
+        grad = (terms.dtok * token_weight).neg_() if needs_grad else None
+        if terms.penalty is not None:
+            pen_weight = maskf * inv_z[:, None]
+            if c_corr is not None:
+                pen_weight = pen_weight * c_corr
+            value = value + torch.dot(terms.penalty.reshape(-1), pen_weight.reshape(-1))
+            if needs_grad:
+                grad = grad.add_(terms.dpenalty * pen_weight)
+    return linearised_loss(log_prob, value, grad) if needs_grad else value
 
 
 def _leg_batch(log_ratio: torch.Tensor, b: _Batch) -> _Batch:
