@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from simkit.config import TrainSweepConfig
 from simkit.envs.token_mdp import TokenMDP
 from simkit.figures.staleness_curves import split_figure
 from simkit.train import TrainConfig, train
@@ -47,6 +48,7 @@ from simkit.train.recipes import (
     RECIPES,
     composed_available,
     recipe,
+    recipe_entry,
     recipe_label,
 )
 
@@ -146,6 +148,41 @@ def config(small: bool = False) -> Config:
 
 def environment(cfg: Config) -> TokenMDP:
     return TokenMDP.at_least_k(V=cfg.V, T=cfg.T, k=cfg.k, seed=cfg.env_seed)
+
+
+def sweep_config(cfg: Config) -> TrainSweepConfig:
+    """The figure's grid as a training sweep (``configs/train_collapse_regimes.toml`` at full
+    size): :func:`usable_recipes` × the two sub-grids of :func:`cells` (``[[grids]]``: lr × lag
+    at N_fixed, N × lag at lr_fixed) × seeds, every run the :func:`_run` of the figure (same
+    environment, TrainConfig and seed)."""
+    d = {
+        "kind": "train",
+        "name": NAME,
+        "steps": cfg.steps,
+        "minibatch_size": cfg.minibatch_size,
+        "minibatches": list(cfg.Ns),
+        "lag": list(cfg.lags),
+        "lr": list(cfg.lrs),
+        "optimizer": "adam",
+        "record_every": cfg.record_every,
+        "seeds": list(cfg.seeds),
+        "environment": {
+            "kind": "token_mdp",
+            "constructor": "at_least_k",
+            "V": cfg.V,
+            "T": [cfg.T],
+            "seed": cfg.env_seed,
+            "kwargs": {"k": cfg.k},
+        },
+        "estimators": [recipe_entry(r, cfg.group_size) for r in usable_recipes(cfg)],
+        "grids": [
+            {"lr": list(cfg.lrs), "lag": list(cfg.lags), "minibatches": [cfg.N_fixed]},
+            {"minibatches": list(cfg.Ns), "lag": list(cfg.lags), "lr": [cfg.lr_fixed]},
+        ],
+    }
+    if cfg.max_grad_norm is not None:
+        d["max_grad_norm"] = cfg.max_grad_norm
+    return TrainSweepConfig.from_dict(d)
 
 
 def usable_recipes(cfg: Config) -> tuple[str, ...]:
