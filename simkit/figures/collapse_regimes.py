@@ -15,7 +15,9 @@ tabular policy, GRPO group advantage (G = 8), mini-batches of 16 sequences (roll
 N·16), Adam with gradient norm clipped to 1, 300 steps, exact J every 10 steps, seeds 0, 1, 2.
 Grid A: lr ∈ {0.01, 0.03, 0.1, 0.3} × lag ∈ {0, 2, 8} at N = 16; grid B: N ∈ {1, 4, 16, 64}
 × lag at lr 0.3. The runs are direct :func:`simkit.train.train` calls (a seed fixes every
-random stream: all recipes see the same first rollout), on a process pool for large grids.
+random stream: all recipes see the same first rollout), on a process pool for large grids; the
+same grid is the training sweep :func:`sweep_config` (``configs/train_collapse_regimes.toml``,
+whose every cell is the run of :func:`_run`).
 Cost: ``benchmarks/bench_train.py`` measures the steps/s of a cell and estimates the full grid
 (about 7 × 21 × 3 = 441 runs) on 2 cores.
 """
