@@ -13,6 +13,10 @@ Measured in the same run (best of ``--repeats``):
   as token-samples/s and as a ratio to
 - ``floor``: drawing N·T uniforms, one gather of N·T log-ratios from the (T, P, V) table, one
   exp-sum over them — what any sampler plus one mapping must at least touch;
+- ``sample_tokens`` alone against the floor in ``--rounds`` rounds, each timing one sample and
+  one floor back to back: the median and range of the per-round ratios (on a shared, loaded
+  machine a ratio of two best-of timings taken seconds apart mixes two load levels; adjacent
+  timings see the same one);
 - ``baseline``: the straightforward first implementation (a Python loop that samples each
   sequence token by token from μ with ``np.searchsorted`` on the CDF, computes the mapping's
   coefficients, and adds that sequence's own gradient vector). It is timed on
@@ -103,6 +107,9 @@ def main(argv=None) -> int:
     parser.add_argument("--N", type=int, default=8192, help="sequences (default 8192)")
     parser.add_argument("--repeats", type=int, default=3, help="timings per cell (best of)")
     parser.add_argument("--baseline-seqs", type=int, default=4, help="sequences timed (4)")
+    parser.add_argument(
+        "--rounds", type=int, default=7, help="sample/floor pairs for the per-round ratio (7)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--out", default=str(Path(__file__).resolve().parent / "results" / "bench_token_mc.json")
@@ -144,6 +151,12 @@ def main(argv=None) -> int:
         return float(np.exp(gathered).sum())
 
     t_floor, _ = best_time(floor_fn, repeats)
+    ratios = []
+    for _ in range(args.rounds):  # adjacent sample / floor timings: the same machine load
+        t_s, _ = best_time(sample, 1)
+        t_f, _ = best_time(floor_fn, 1)
+        ratios.append(t_s / t_f)
+    ratio_median = float(np.median(ratios))
 
     # --- the baseline ---------------------------------------------------------------------
     n_base = args.baseline_seqs
@@ -158,6 +171,10 @@ def main(argv=None) -> int:
         f"{tokens / t_pipeline / 1e6:.2f} M token-samples/s, {t_pipeline / t_floor:.2f}x floor"
     )
     print(f"  of which sample_tokens: {t_sample:.3f} s ({t_sample / t_floor:.2f}x floor)")
+    print(
+        f"  sample_tokens / floor per round ({args.rounds} adjacent pairs): median "
+        f"{ratio_median:.2f}x, range {min(ratios):.2f}-{max(ratios):.2f}x"
+    )
     print(
         f"baseline (Python loop per sequence/token): {t_base_measured:.3f} s for {n_base} "
         f"sequences, extrapolated per token to {t_base:.1f} s for {N} sequences: pipeline is "
@@ -207,6 +224,8 @@ def main(argv=None) -> int:
                 "floor_seconds": t_floor,
                 "pipeline_seconds": t_pipeline,
                 "sample_seconds": t_sample,
+                "sample_over_floor_per_round": ratios,
+                "sample_over_floor_median": ratio_median,
                 "token_samples_per_second": tokens / t_pipeline,
                 "pipeline_over_floor": t_pipeline / t_floor,
                 "baseline_sequences_timed": n_base,

@@ -33,8 +33,10 @@ It prints the device (GPU model and memory) and three measurements, each a media
    log μ, then one ``policy_loss`` (GRPO's ``ppo_clip``, GRPO advantages) + backward + Adam step
    per mini-batch of ``--train-minibatch`` rows (N = batch / minibatch); updates/s and
    tokens/s. ``--device cuda`` sizes: hidden 256, 4 layers, batch 512, minibatch 64 (N = 8),
-   T ∈ {64, 256}. (``train_lm`` itself draws from a CPU generator, so the figure
-   ``lm_staleness_curves`` runs on the CPU; this section is its loop on ``--device``.)
+   T ∈ {64, 256}. ``train_lm`` itself runs on the model's device (its generators are built
+   there), so ``train_lm(tiny_llama(device="cuda"), …)`` is the figure ``lm_staleness_curves``'s
+   loop on a GPU; this section times that loop. GPU numbers are not recorded yet: no GPU was
+   lent to this project so far.
 
 A size that runs out of device memory is recorded as ``"oom"`` and the script goes on. Results
 are written as JSON to ``--out`` (default ``benchmarks/results/lm_gpu.json``, git-ignored).

@@ -35,6 +35,7 @@ from simkit.figures import (
     bandit_bias_variance,
     bias_variance_frontier,
     collapse_map,
+    collapse_regimes,
     mismatch_curves,
     mse_vs_T,
     seq_tis_optimal_c,
@@ -190,6 +191,9 @@ FIGURE_CONFIGS = {
     },
     "collapse_map": {
         "train_collapse_map.toml": lambda d, cfg: collapse_map.sweep_config(cfg).to_dict()
+    },
+    "collapse_regimes": {
+        "train_collapse_regimes.toml": lambda d, cfg: collapse_regimes.sweep_config(cfg).to_dict()
     },
 }
 CONFIG_CASES = [(fig, file) for fig, files in FIGURE_CONFIGS.items() for file in files]

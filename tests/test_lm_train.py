@@ -107,3 +107,37 @@ def test_decoupled_ppo_tis_first_update_is_reinforce_and_it_differs_under_lag():
     a = train_lm(model(), small(correction="tis_token"), seed=1)
     b = train_lm(model(), small(), seed=1)
     assert not a["loss"].equals(b["loss"])  # the correction acts on π_old/μ
+
+
+def test_generators_are_built_on_the_models_device(monkeypatch):
+    """Every generator of a run (rollouts and held-out evaluations) is created on the device of
+    the model's parameters, so that ``torch.multinomial`` can use it there (CPU here)."""
+    import simkit.lm.train as lm_train
+
+    devices = []
+
+    class Recording(torch.Generator):
+        def __new__(cls, device="cpu"):
+            devices.append(torch.device(device))
+            return super().__new__(cls, device=device)
+
+    m = model()  # (its initialisation uses a generator of its own)
+    monkeypatch.setattr(lm_train.torch, "Generator", Recording)
+    table = train_lm(m, small(steps=4), seed=1)
+    assert devices and all(d == torch.device("cpu") for d in devices)
+    assert len(devices) == 1 + table["recorded"].sum()  # one rollout stream + one per J
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs a CUDA device (none lent to this project so far; GPU runs not recorded)",
+)
+def test_cuda_run_is_reproducible_and_resumes(tmp_path):
+    """On CUDA: a run reproduces itself from its seed and resumes after a stop (its stream is
+    CUDA's, so its table differs from the CPU one)."""
+    a = train_lm(model().to("cuda"), small(), seed=1)
+    b = train_lm(model().to("cuda"), small(), seed=1)
+    pd.testing.assert_frame_equal(a, b)
+    train_lm(model().to("cuda"), small(), seed=1, out_dir=tmp_path, stop_after=4)
+    resumed = train_lm(model().to("cuda"), small(), seed=1, out_dir=tmp_path)
+    pd.testing.assert_frame_equal(resumed, a)

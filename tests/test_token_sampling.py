@@ -307,15 +307,130 @@ def test_bad_inputs_name_the_argument():
 
 def test_inverse_cdf_boundaries_skip_zero_probability_tokens():
     """u exactly on a CDF step gives the next token of positive probability (never μ = 0)."""
-    from simkit.envs.token_sampling import _cdf_tables, _inverse_cdf
+    from simkit.envs.token_sampling import _cdf_tables, _inverse_cdf, _search_levels
 
     mu = np.array([[[0.0, 0.25, 0.0, 0.0, 0.5, 0.25]]])  # (1, P = 1, V = 6), V_pad = 8
-    cdf = _cdf_tables(mu, 8)[0]
+    cdf = _cdf_tables(mu, 8).reshape(1, 8)
     u = np.array([0.0, 0.1, 0.25, 0.5, 0.75, 0.999999])
-    k = _inverse_cdf(cdf, np.zeros(6, dtype=np.intp), u, 8)
+    k = _inverse_cdf(_search_levels(cdf, 8), np.zeros(6, dtype=np.intp), u)
     np.testing.assert_array_equal(k, [1, 1, 4, 4, 5, 5])
-    # a second class row is addressed through its base offset
+    # a second row is addressed through its row index: flat index = row·V_pad + token
     mu2 = np.array([[[1.0, 0.0], [0.0, 1.0]]])  # (1, P = 2, V = 2)
-    cdf2 = _cdf_tables(mu2, 2)[0]
-    k2 = _inverse_cdf(cdf2, np.array([0, 2, 2]), np.array([0.0, 0.0, 0.99]), 2)
-    np.testing.assert_array_equal(k2 - np.array([0, 2, 2]), [0, 1, 1])
+    cdf2 = _cdf_tables(mu2, 2).reshape(2, 2)
+    rows = np.array([0, 1, 1])
+    k2 = _inverse_cdf(_search_levels(cdf2, 2), rows, np.array([0.0, 0.0, 0.99]))
+    np.testing.assert_array_equal(k2 - 2 * rows, [0, 1, 1])
+    # V = 1 (V_pad = 1, no level): the only token, whatever u
+    k3 = _inverse_cdf(_search_levels(np.ones((3, 1)), 1), np.array([2, 0]), np.array([0.3, 0.9]))
+    np.testing.assert_array_equal(k3, [2, 0])
+
+
+@pytest.mark.parametrize("V", [1, 3, 5, 8, 13])
+def test_inverse_cdf_equals_searchsorted_on_every_row(V):
+    """The level search returns row·V_pad + searchsorted(F_row, u, 'right'), ties included."""
+    from simkit.envs.token_sampling import _cdf_tables, _inverse_cdf, _search_levels
+
+    rng = np.random.default_rng(V)
+    mu = rng.dirichlet(np.full(V, 0.3), size=(1, 4))  # (1, P = 4, V), some tiny probabilities
+    mu[0, 1, : V // 2] = 0.0  # flat steps
+    mu /= mu.sum(axis=-1, keepdims=True)
+    V_pad = 1 << max(V - 1, 0).bit_length()
+    cdf = _cdf_tables(mu, V_pad).reshape(4, V_pad)
+    rows = rng.integers(0, 4, size=2000)
+    u = np.concatenate([rng.random(1000), cdf[rows[1000:], rng.integers(0, V, 1000)]])  # ties
+    u = np.minimum(u, np.nextafter(1.0, 0.0))
+    k = _inverse_cdf(_search_levels(cdf, V_pad), rows, u)
+    expect = [r * V_pad + np.searchsorted(cdf[r, :V], x, side="right") for r, x in zip(rows, u)]
+    np.testing.assert_array_equal(k, expect)
+
+
+@pytest.mark.parametrize(("B", "P", "V"), [(16, 65, 64), (2, 1, 7), (16, 40, 3)])
+def test_cdf_tables_column_sums_are_the_cumsum_bit_for_bit(B, P, V, monkeypatch):
+    """Both ways of summing the CDF (per-row cumsum, column by column) give the same bits."""
+    import simkit.envs.token_sampling as ts
+
+    mu = np.random.default_rng(B * P * V).dirichlet(np.ones(V), size=(B, P))
+    V_pad = 1 << max(V - 1, 0).bit_length()
+    monkeypatch.setattr(ts, "_COLUMN_CUMSUM_ROWS_PER_TOKEN", 0)  # always by columns
+    by_columns = ts._cdf_tables(mu, V_pad)
+    monkeypatch.setattr(ts, "_COLUMN_CUMSUM_ROWS_PER_TOKEN", 10**9)  # always np.cumsum
+    by_rows = ts._cdf_tables(mu, V_pad)
+    assert by_columns.tobytes() == by_rows.tobytes()
+    expect = np.cumsum(mu, axis=-1)
+    expect /= expect[..., -1:]
+    np.testing.assert_array_equal(by_rows.reshape(B, P, V_pad)[..., :V], expect)
+
+
+def reference_sample(env, mu, n, rng):
+    """sample_tokens written out sequence by sequence, with the same uniforms (N per position,
+    drawn while any sequence is alive) and the same floating-point operations per row:
+    y = searchsorted(F, u, 'right') on the row's CDF F = cumsum(μ) / total,
+    log-ratio = (logits − max) − log Σ exp(logits − max) − log μ."""
+    T = env.logits.shape[0]
+    lg = np.asarray(env.logits)
+    actions = np.zeros((n, T), dtype=np.int32)
+    states = np.zeros((n, T), dtype=np.int32)
+    log_ratio = np.zeros((n, T))
+    mask = np.zeros((n, T), dtype=bool)
+    s = np.full(n, env.initial_state)
+    alive = np.ones(n, dtype=bool)
+    for t in range(T):
+        if not alive.any():
+            states[:, t:] = s[:, None]
+            break
+        u = rng.random(n)
+        for i in range(n):
+            states[i, t] = s[i]
+            if not alive[i]:
+                continue
+            p = env.policy_index[s[i]]
+            F = np.cumsum(mu[t, p])
+            F /= F[-1]
+            y = int(np.searchsorted(F, u[i], side="right"))
+            row = lg[t, p] - lg[t, p].max()
+            log_ratio[i, t] = row[y] - np.log(np.exp(row).sum()) - np.log(mu[t, p, y])
+            actions[i, t], mask[i, t] = y, True
+            s[i] = env.transition[s[i], y]
+            if env.eos is not None and y == env.eos:
+                alive[i] = False
+    return actions, states, log_ratio, mask, env.reward[s]
+
+
+@pytest.mark.parametrize(
+    ("kind", "eos", "per_state", "columns"),
+    [
+        ("markov", None, True, True),  # per-state rows, identity policy index, column CDFs
+        ("markov", 2, True, False),
+        ("iid", None, True, False),  # per-state rows copied from one policy class
+        ("iid", 4, False, True),  # per-class rows (tables too large for per-state ones)
+        ("automaton", 2, False, False),
+        ("automaton", None, True, True),
+    ],
+)
+def test_sample_tokens_equals_sequence_by_sequence_reference(
+    kind, eos, per_state, columns, monkeypatch
+):
+    """Every output bit for bit against :func:`reference_sample` (T crosses a block of 16)."""
+    import simkit.envs.token_sampling as ts
+
+    if kind == "automaton":
+        env = automaton_env(eos=eos, T=19, seed=3)
+    else:
+        env = getattr(TokenMDP, kind)(V=6, T=19, eos=eos, seed=4, stationary=False)
+    mu = np.random.default_rng(5).dirichlet(np.full(env.V, 0.7), size=env.logits.shape[:2])
+    mu[3, :, 1] = 0.0  # a never-drawn token at one position
+    mu /= mu.sum(axis=-1, keepdims=True)
+    if not per_state:
+        monkeypatch.setattr(ts, "_STATE_TABLE_BYTES", 0)
+    monkeypatch.setattr(ts, "_COLUMN_CUMSUM_ROWS_PER_TOKEN", 0 if columns else 10**9)
+    b = sample_tokens(env, mu, 37, np.random.default_rng(8))
+    actions, states, log_ratio, mask, rewards = reference_sample(
+        env, mu, 37, np.random.default_rng(8)
+    )
+    np.testing.assert_array_equal(b.actions, actions)
+    np.testing.assert_array_equal(b.states, states)
+    np.testing.assert_array_equal(b.mask, mask)
+    np.testing.assert_array_equal(b.lengths, mask.sum(-1))
+    np.testing.assert_array_equal(b.rewards, rewards)
+    np.testing.assert_array_equal(b.log_ratio, log_ratio)  # padding: 0 (or −0.0)
+    assert b.log_ratio[mask].tobytes() == log_ratio[mask].tobytes()

@@ -140,3 +140,44 @@ def test_regime_grpo_collapses_where_dual_clip_does_not(seed):
     assert grpo["J_final"] < 0.5 * grpo["J_peak"]
     assert not dual["collapsed"] and dual["J_final"] > 0.5, dual.to_dict()
     assert grpo["kl_seq_max"] > KL_SEQ_EXPLOSION  # the drift that makes it collapse
+
+
+def test_determinism_entropy_excludes_absorbing_states():
+    """A policy that takes the lure at once (distractor world) is premature determinism; the
+    entropy averaged over every visited state hid it, because after the lure the sequence sits
+    in the absorbing "lured" state whose rows keep their initial entropy.
+
+    Constructed from exact quantities: π₀ = the world's random initial logits; π₁ = π₀ with the
+    lure's logit raised by 12 in every non-absorbing state (the absorbing rows untouched, as
+    their expected gradient is zero). The table holds 10 recorded steps of π₀ then 10 of π₁."""
+    from simkit.train.analysis import optimal_J
+    from simkit.train.records import decision_states, exact_columns
+    from simkit.train.worlds import distractor
+
+    env = distractor(V=4, T=8, k=3, hit=0, lure=1, lure_reward=0.3, seed=2)
+    decides = decision_states(env)
+    np.testing.assert_array_equal(decides, [True, True, True, False, False])  # k, lured
+    sharp = np.array(env.logits, dtype=np.float64)
+    sharp[:, decides, 1] += 12.0
+    env1 = env.with_logits(sharp)
+    mu = np.asarray(env.pi)
+    stats = []
+    for e in (env, env1):
+        grad = np.ones(e.logits.size)
+        cols = exact_columns([e], mu, grad, grad)
+        stats.append((cols["J"], cols["entropy"], cols["entropy_decision"]))
+    (J0, h0, d0), (J1, h1, d1) = stats
+    assert J1 == pytest.approx(0.3, abs=1e-3)  # takes the lure: J = lure_reward
+    # the absorbing rows keep the average up, the decision states' entropy has collapsed
+    assert h1 > DETERMINISM_ENTROPY * h0
+    assert d1 < 0.01 * d0
+    table = run_table(np.r_[np.full(10, J0), np.full(10, J1)], entropy=np.r_[[h0] * 10, [h1] * 10])
+    table["entropy_decision"] = np.r_[[d0] * 10, [d1] * 10]
+    J_star = optimal_J(env)
+    assert J_star == 1.0
+    s = summary(table, J_star=J_star)
+    assert s["determinism"] and s["failure"] == "determinism"
+    assert s["entropy_start"] == d0 and s["entropy_final"] == d1
+    # the old rule (entropy over every visited state) called it a stall
+    old = summary(table.drop(columns="entropy_decision"), J_star=J_star)
+    assert not old["determinism"] and old["failure"] == "stall"

@@ -14,7 +14,7 @@ from simkit import config as C
 from simkit import sweep
 from simkit.cli import CLIError
 from simkit.envs import TokenMDP
-from simkit.figures import collapse_map, mismatch_curves, staleness_curves
+from simkit.figures import collapse_map, collapse_regimes, mismatch_curves, staleness_curves
 from simkit.train import Mismatch, TrainConfig, config_dict, load_run, train
 from simkit.train import cli as train_cli
 
@@ -231,13 +231,91 @@ def test_resume_runs_only_the_missing_runs(serial_and_processes):
 
 
 @pytest.mark.parametrize(
-    "module", [staleness_curves, mismatch_curves, collapse_map], ids=lambda m: m.NAME
+    "module",
+    [staleness_curves, mismatch_curves, collapse_map, collapse_regimes],
+    ids=lambda m: m.NAME,
 )
 def test_shipped_config_is_the_full_size_figure(module):
     path = CONFIGS / f"train_{module.NAME}.toml"
     shipped = C.load_config(path)
     assert shipped == module.sweep_config(module.config())
     assert f"`{module.NAME}`" in path.read_text("utf-8").split("\n", 1)[0]
+
+
+def _regime_runs(sweep_cfg) -> list[tuple]:
+    """(recipe, N, lag, lr, seed) of every run of a training sweep, in expansion order."""
+    from simkit.train.recipes import recipe_of
+
+    out = []
+    for _, tc, seed in sweep_cfg.runs():
+        est = tc.estimator
+        corr = None if est.correction is None else est.correction.name
+        out.append((recipe_of(est.mapping.name, est.aggregation, corr), tc.minibatches, tc.lag,
+                    tc.lr, seed))  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("small", [False, True], ids=["full", "small"])
+def test_collapse_regimes_config_cells_are_the_figure_grid(small):
+    """The sweep's runs are exactly the figure's: usable recipes (decoupled PPO × TIS included)
+    × the cells of its two grids (shared cells once) × seeds — 441 runs at full size."""
+    cfg = collapse_regimes.config(small=small)
+    runs = _regime_runs(collapse_regimes.sweep_config(cfg))
+    jobs = [
+        (r, N, lag, lr, seed)
+        for r in collapse_regimes.usable_recipes(cfg)
+        for N, lag, lr in collapse_regimes.cells(cfg)
+        for seed in cfg.seeds
+    ]
+    assert len(runs) == len(set(runs)) == len(jobs)
+    assert set(runs) == set(jobs)
+    assert len(runs) == (441 if not small else 24)
+    if not small:
+        assert "ppo_tis" in {r for r, *_ in runs}
+
+
+def test_collapse_regimes_config_cell_is_the_figure_run():
+    """A cell of the sweep (C.run_cell) gives the figure's run (collapse_regimes._run) bit for
+    bit on its exact columns, for a plain and for the composed recipe (small grid, lag 4)."""
+    cfg = collapse_regimes.config(small=True)
+    cfg = collapse_regimes.Config(**{**cfg.__dict__, "recipes": ("grpo", "ppo_tis")})
+    sweep_cfg = collapse_regimes.sweep_config(cfg)
+    cells = C.expand(sweep_cfg)
+    keys = _regime_runs(sweep_cfg)
+    for want in [("grpo", 4, 4, 0.3, 1), ("ppo_tis", 4, 4, 0.3, 1)]:
+        cell = cells[keys.index(want)]
+        table = C.run_cell(cell)
+        table = table[table["recorded"]].reset_index(drop=True)
+        fig = collapse_regimes._run((cfg, *want)).reset_index(drop=True)
+        for col in ("step", "J", "kl_seq", "kl_seq_old_mu", "grad_norm", "entropy_decision"):
+            assert table[col].tolist() == fig[col].tolist(), (want, col)
+
+
+def test_sub_grids_are_a_union_in_first_appearance_order(tmp_path):
+    cfg = C.config_from_dict(
+        small(
+            minibatches=[1, 4],
+            lag=[0, 1],
+            lr=[0.05, 0.1],
+            seeds=[0],
+            mismatch=[{}],
+            grids=[{"lr": [0.05, 0.1], "minibatches": [4]}, {"minibatches": [1, 4], "lr": [0.1]}],
+        )
+    )
+    assert cfg.schedules() == [(0, 0.05, 4), (0, 0.1, 4), (1, 0.05, 4), (1, 0.1, 4),
+                               (0, 0.1, 1), (1, 0.1, 1)]  # fmt: skip
+    assert len(C.expand(cfg)) == 6 * 2  # 2 estimators
+    path = tmp_path / "g.toml"
+    path.write_text(C.to_toml(cfg), "utf-8")
+    assert "[[grids]]" in path.read_text("utf-8") and C.load_config(path) == cfg
+    plain = C.config_from_dict(small(lag=[0, 1], lr=[0.05, 0.1]))
+    assert plain.schedules() == [(lag, lr, N) for lag in (0, 1) for lr in (0.05, 0.1)
+                                 for N in (1, 4)]  # fmt: skip
+    assert "grids" not in plain.to_dict()
+    with pytest.raises(C.ConfigError, match=r"grids\[0\]\.steps"):
+        C.config_from_dict(small(grids=[{"steps": 3}]))
+    with pytest.raises(C.ConfigError, match=r"grids\[0\]\.lr"):
+        C.config_from_dict(small(grids=[{"lr": [-1.0]}]))
 
 
 def test_quick_config_loads():
@@ -266,6 +344,7 @@ def test_cli_help_teaches(capsys):
     for fragment in (
         "examples:",
         "simkit train --recipe vespo",
+        "--recipe ppo_tis",
         "configs/train_quick.toml",
         "--spike-prob",
     ):
@@ -287,6 +366,29 @@ def test_cli_one_run_resumes_to_the_uninterrupted_table(tmp_path, capsys):
     assert "resuming" in out.err and "VESPO: N = 4" in out.out and "J start" in out.out
 
 
+def test_cli_recipe_ppo_tis_trains_the_composed_recipe(tmp_path, capsys):
+    """--recipe ppo_tis is verl's decoupled PPO × token TIS: the table of simkit.train.train
+    with recipes.recipe("ppo_tis") on the same environment, config and seed; it resumes."""
+    from simkit.train.recipes import recipe
+
+    opts = ["train", "--recipe", "ppo_tis", "--V", "5", "--T", "6", "--env-arg", "k=2", "--N",
+            "4", "--minibatch-size", "8", "--lag", "2", "--lr", "0.3", "--steps", "12",
+            "--seed", "3", "--no-progress", "--chunk-steps", "4"]  # fmt: skip
+    assert cli([*opts, "--out", str(tmp_path / "whole")]) == 0
+    assert cli([*opts, "--out", str(tmp_path / "part"), "--stop-after", "4"]) == 0
+    assert cli([*opts, "--out", str(tmp_path / "part")]) == 0
+    whole = load_run(tmp_path / "whole")
+    pd.testing.assert_frame_equal(load_run(tmp_path / "part"), whole, check_exact=True)
+    env = TokenMDP.at_least_k(V=5, T=6, k=2, seed=0)
+    est = recipe("ppo_tis", 8)
+    cfg = TrainConfig(est, steps=12, batch=32, minibatches=4, lag=2, lr=0.3)
+    direct = train(env, cfg, seed=3)
+    assert whole["estimator"].iloc[0] == "dec. PPO + TIS"
+    for col in ("J", "kl_seq_old_mu", "grad_norm", "zero_frac"):
+        assert whole[col].tolist() == direct[col].tolist()
+    assert "dec. PPO + TIS: N = 4" in capsys.readouterr().out
+
+
 def test_cli_config_form(tmp_path, capsys):
     path = tmp_path / "c.toml"
     path.write_text(C.to_toml(C.config_from_dict(small(minibatches=[2], seeds=[0]))), "utf-8")
@@ -299,7 +401,7 @@ def test_cli_config_form(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["train", "--recipe", "nope"], "unknown recipe 'nope'"),
+        (["train", "--recipe", "nope"], "unknown recipe 'nope'.*ppo_tis"),
         (["train", "--recipe", "grpo", "--mapping", "naive"], "not both"),
         (["train", "--V", "1"], "--V: must be an integer >= 2"),
         (["train", "--N", "3", "--minibatch-size", "6"], "not divisible by group_size"),

@@ -11,9 +11,10 @@ T positions; at position t every sequence is advanced together:
 1. its policy class p = ``policy_index[s_t]`` (s_t the automaton state, shape (N,));
 2. one uniform u ~ U[0, 1) per sequence, turned into a token by inverse-CDF sampling,
    y_t = #{v : F_{t,p}(v) ≤ u} with F_{t,p} the cumulative distribution of μ[t, p, :]. The count
-   is a branchless binary search run on all N sequences at once (log₂V gathers from the (P, V)
-   table of CDFs of position t): no N×V array is ever built, and a token of μ-probability 0 can
-   never be drawn (its CDF step is flat);
+   is a branchless binary search run on all N sequences at once: log₂V levels, each one gather
+   from the CDF entries that level reads (stored level by level, so the next index is twice
+   the current one plus the comparison bit), one comparison and two additions. No N×V array is
+   ever built, and a token of μ-probability 0 can never be drawn (its CDF step is flat);
 3. the log-ratio log π(y_t|t, p) − log μ(y_t|t, p) gathered from the (P, V) table of position t
    (log π is the log-softmax of the logits, computed in log space);
 4. the automaton update s_{t+1} = ``transition[s_t, y_t]``; with ``eos`` set, a sequence that has
@@ -52,6 +53,8 @@ __all__ = ["TokenBatch", "accumulate_tokens", "padding_mask", "sample_tokens", "
 _BLOCK_POSITIONS = 16
 #: CDF value that pads a vocabulary row up to a power of two (never ≤ a uniform in [0, 1))
 _CDF_PAD = 2.0
+#: rows per vocabulary entry above which CDFs are summed column by column (see _cdf_tables)
+_COLUMN_CUMSUM_ROWS_PER_TOKEN = 16
 #: largest (block, S, V_pad) table for which sampling uses per-state rather than per-class rows
 _STATE_TABLE_BYTES = 1 << 25
 
@@ -153,35 +156,74 @@ def _cdf_tables(mu_block: np.ndarray, V_pad: int) -> np.ndarray:
     """
     B, P, V = mu_block.shape
     table = np.full((B, P, V_pad), _CDF_PAD)
-    np.cumsum(mu_block, axis=-1, out=table[..., :V])
+    if B * P >= _COLUMN_CUMSUM_ROWS_PER_TOKEN * V:
+        # many short rows: V − 1 additions of whole columns (vocabulary-major copy) beat a
+        # per-row cumsum; the same left-to-right sums F(v) = F(v−1) + μ(v), so the same bits
+        cols = np.ascontiguousarray(np.moveaxis(mu_block, -1, 0))  # (V, B, P)
+        for v in range(1, V):
+            np.add(cols[v - 1], cols[v], out=cols[v])
+        table[..., :V] = np.moveaxis(cols, 0, -1)
+    else:
+        np.cumsum(mu_block, axis=-1, out=table[..., :V])
     table[..., :V] /= table[..., V - 1 : V]
     return table.reshape(B, P * V_pad)
 
 
-def _inverse_cdf(cdf_flat: np.ndarray, base: np.ndarray, u: np.ndarray, V_pad: int, work=None):
-    """Flat indices base + #{v : F(v) ≤ u} by a branchless binary search (all rows at once).
+def _search_levels(cdf_rows: np.ndarray, V_pad: int) -> list[np.ndarray]:
+    """The CDF values a binary search reads, one array per level: (..., R, V_pad) -> K arrays.
 
-    ``cdf_flat`` (R·V_pad,) the CDF rows of one position; ``base`` (N,) = r·V_pad the offset of
-    each sequence's row; ``u`` (N,) uniforms in [0, 1). With V_pad = 2^k the search makes k
-    gathers: after the step of size h, ``pos − base`` counts the leading entries ≤ u. Since
-    F(V−1) = 1 > u the result never passes the last real token, and a token with μ = 0 (a flat
-    step, F(v) = F(v−1)) is never returned. Every index read lies in its row
-    (pos − base + h − 1 < V_pad), so the gathers use ``mode="clip"`` (no bounds check; it never
-    clips). ``work`` = (float (N,), bool (N,), intp (N,))
-    scratch buffers, so that the search allocates nothing.
+    A search over a row of V_pad = 2^K entries reads, at level ℓ = 0 … K−1, the entry
+    F(r, (2i + 1)·h − 1) with h = V_pad / 2^(ℓ+1) and i < 2^ℓ the bits found so far. Level ℓ
+    stores these entries as (..., R·2^ℓ) with index r·2^ℓ + i (row-major), so that the index of
+    the next level is twice the current one plus the comparison bit (:func:`_inverse_cdf`).
+    Together the levels are a permutation of the entries of ``cdf_rows`` but the last of each
+    row (never read: F(V−1) = 1 or padding). The early levels are small (R, 2R, …), so most
+    gathers of a search hit a few cache lines.
+    """
+    lead = cdf_rows.shape[:-1]
+    levels = []
+    h = V_pad // 2
+    while h:
+        width = V_pad // (2 * h)  # 2^ℓ
+        level = cdf_rows.reshape(*lead, width, 2 * h)[..., h - 1]  # (..., R, 2^ℓ)
+        levels.append(np.ascontiguousarray(level).reshape(*lead[:-1], -1))
+        h //= 2
+    return levels
+
+
+def _inverse_cdf(levels, rows: np.ndarray, u: np.ndarray, work=None) -> np.ndarray:
+    """Flat indices r·V_pad + #{v : F(r, v) ≤ u} by a branchless binary search (all at once).
+
+    ``levels`` the K = log₂V_pad arrays of :func:`_search_levels` for one position (each 1-D);
+    ``rows`` (N,) intp, the CDF row r of each sequence; ``u`` (N,) uniforms in [0, 1). At
+    level ℓ the index g = r·2^ℓ + i reads the entry that splits the remaining 2h tokens in
+    half; g ← 2g + [F ≤ u]. After K levels g = r·2^K + i with i the count of entries ≤ u.
+    These are the comparisons, in the same order, of a binary search with steps V_pad/2, …, 1
+    on the row (this module's search before the level layout), so the draws are the same;
+    the layout only saves the row-offset arithmetic and keeps early gathers in a few cache
+    lines. Since F(V−1) = 1 > u the
+    count never passes the last real token, and a token with μ = 0 (a flat step,
+    F(v) = F(v−1)) is never returned. Every index read lies in its level (g < R·2^ℓ), so the
+    gathers use ``mode="clip"`` (no bounds check; it never clips). ``work`` = (float (N,),
+    bool (N,), intp (N,)) scratch buffers, so that the search allocates nothing; the result is
+    the third (a new array when ``work`` is None).
     """
     if work is None:
         work = (np.empty(u.shape), np.empty(u.shape, dtype=bool), np.empty(u.shape, dtype=np.intp))
-    f, le, inc = work
-    pos = base.copy()
-    step = V_pad // 2
-    while step:
-        cdf_flat[step - 1 :].take(pos, out=f, mode="clip")  # in range: see above
+    f, le, g = work
+    if not levels:  # V_pad = 1: the only token
+        np.copyto(g, rows)
+        return g
+    levels[0].take(rows, out=f, mode="clip")  # in range: see above
+    np.less_equal(f, u, out=le)
+    np.add(rows, rows, out=g)
+    np.add(g, le, out=g)
+    for level in levels[1:]:
+        level.take(g, out=f, mode="clip")
         np.less_equal(f, u, out=le)
-        np.multiply(le, step, out=inc)
-        pos += inc
-        step //= 2
-    return pos
+        np.add(g, g, out=g)
+        np.add(g, le, out=g)
+    return g
 
 
 # --- sampling -------------------------------------------------------------------------------
@@ -217,9 +259,9 @@ def sample_tokens(env, mu, n: int, rng: np.random.Generator, reps: int | None = 
     V_pad = 1 << max(V - 1, 0).bit_length()  # smallest power of two >= V
     S = policy_index.shape[0]
     # Per-state tables (rows copied from the state's policy class, so values are identical):
-    # the row offset of a sequence is then s·V_pad (no gather) and the next state is one gather
-    # at the sampled flat index. Used when the (block, S, V_pad) tables stay small; otherwise
-    # per-class tables with the offset policy_index[s]·V_pad and next state transition[s, y].
+    # the CDF row of a sequence is then its state s (no gather) and the next state is one
+    # gather at the sampled flat index. Used when the (block, S, V_pad) tables stay small;
+    # otherwise per-class tables with the row policy_index[s] and next state transition[s, y].
     block = min(T, _BLOCK_POSITIONS)
     per_state = S * V_pad * block * 8 <= _STATE_TABLE_BYTES
     identity = S == P and np.array_equal(policy_index, np.arange(S))  # rows are already per state
@@ -228,7 +270,7 @@ def sample_tokens(env, mu, n: int, rng: np.random.Generator, reps: int | None = 
         next_pad[:, :V] = transition
         next_pad = next_pad.ravel()
     else:
-        row_base = policy_index.astype(np.intp) * V_pad
+        row_of_state = policy_index.astype(np.intp)
         next_state = transition.astype(np.intp).ravel()
 
     fixed_length = eos is None
@@ -239,10 +281,14 @@ def sample_tokens(env, mu, n: int, rng: np.random.Generator, reps: int | None = 
     mask = np.ones((N, T), dtype=bool) if fixed_length else np.zeros((N, T), dtype=bool)
     lengths = np.full(N, T, dtype=np.intp)
     s = np.full(N, s0, dtype=np.intp)
+    s_next = np.empty(N, dtype=np.intp)  # fixed length: the next states, swapped with s
     alive = np.ones(N, dtype=bool)
-    u = np.empty(N)
-    base = np.empty(N, dtype=np.intp)
+    # fixed length: every position draws its N uniforms, so a block draws them at once (the
+    # same stream, in the same order); with EOS, drawing stops when every sequence has ended
+    u_block = np.empty((block if fixed_length else 1, N))
+    rows = np.empty(N, dtype=np.intp)
     work = (np.empty(N), np.empty(N, dtype=bool), np.empty(N, dtype=np.intp))
+    token_bits = V_pad - 1  # the token is the low log₂V_pad bits of the flat index
     # positions are produced time-major into (block, N) buffers, then written block by block
     # into the (N, T) outputs (contiguous runs per row instead of one strided column per step)
     buf_y = np.empty((block, N), dtype=np.int32)
@@ -255,7 +301,7 @@ def sample_tokens(env, mu, n: int, rng: np.random.Generator, reps: int | None = 
         for t0 in range(0, T, block):
             t1 = min(t0 + block, T)
             cdf = _cdf_tables(mu[t0:t1], V_pad)
-            lr_tables = np.zeros((t1 - t0, P, V_pad))
+            lr_tables = (np.empty if V == V_pad else np.zeros)((t1 - t0, P, V_pad))
             # log π − log μ, +inf where μ = 0 (such tokens are never drawn); log π is the
             # log-softmax (logits − max) − log Σ exp(logits − max), computed in place
             lr = lr_tables[..., :V]
@@ -264,29 +310,35 @@ def sample_tokens(env, mu, n: int, rng: np.random.Generator, reps: int | None = 
             lr -= np.log(np.exp(lr).sum(axis=-1, keepdims=True))
             lr -= np.log(mu[t0:t1])
             if per_state and not identity:
-                cdf = cdf.reshape(t1 - t0, P, V_pad)[:, policy_index].reshape(t1 - t0, -1)
+                cdf = cdf.reshape(t1 - t0, P, V_pad)[:, policy_index]
                 lr_tables = lr_tables[:, policy_index].reshape(t1 - t0, -1)
             else:
-                cdf = cdf.reshape(t1 - t0, -1)
                 lr_tables = lr_tables.reshape(t1 - t0, P * V_pad)
+            levels = _search_levels(cdf.reshape(t1 - t0, -1, V_pad), V_pad)
+            if fixed_length:
+                rng.random(out=u_block[: t1 - t0])
             for j in range(t1 - t0):
-                rng.random(out=u)
-                if per_state:
-                    np.multiply(s, V_pad, out=base)
+                if fixed_length:
+                    u = u_block[j]
                 else:
-                    row_base.take(s, out=base)
-                k = _inverse_cdf(cdf[j], base, u, V_pad, work)
+                    u = u_block[0]
+                    rng.random(out=u)
+                if per_state:
+                    row = s
+                else:
+                    row = row_of_state.take(s, out=rows)
+                k = _inverse_cdf([level[j] for level in levels], row, u, work)
                 buf_s[j] = s
                 if fixed_length:
                     y = buf_y[j]
-                    np.subtract(k, base, out=y, casting="unsafe")  # token < V fits int32
+                    np.bitwise_and(k, token_bits, out=y, casting="unsafe")  # token < V: int32
                     lr_tables[j].take(k, out=buf_lr[j], mode="clip")
                     if per_state:
-                        s = next_pad.take(k, mode="clip")
+                        s, s_next = next_pad.take(k, out=s_next, mode="clip"), s
                     else:
                         s = next_state.take(s * V + y)
                     continue
-                y = k - base
+                y = k & token_bits
                 buf_m[j] = alive
                 y *= alive
                 buf_y[j] = y

@@ -15,7 +15,9 @@ tabular policy, GRPO group advantage (G = 8), mini-batches of 16 sequences (roll
 N·16), Adam with gradient norm clipped to 1, 300 steps, exact J every 10 steps, seeds 0, 1, 2.
 Grid A: lr ∈ {0.01, 0.03, 0.1, 0.3} × lag ∈ {0, 2, 8} at N = 16; grid B: N ∈ {1, 4, 16, 64}
 × lag at lr 0.3. The runs are direct :func:`simkit.train.train` calls (a seed fixes every
-random stream: all recipes see the same first rollout), on a process pool for large grids.
+random stream: all recipes see the same first rollout), on a process pool for large grids; the
+same grid is the training sweep :func:`sweep_config` (``configs/train_collapse_regimes.toml``,
+whose every cell is the run of :func:`_run`).
 Cost: ``benchmarks/bench_train.py`` measures the steps/s of a cell and estimates the full grid
 (about 7 × 21 × 3 = 441 runs) on 2 cores.
 """
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from simkit.config import TrainSweepConfig
 from simkit.envs.token_mdp import TokenMDP
 from simkit.figures import _common
 from simkit.figures.staleness_curves import split_figure
@@ -48,6 +51,7 @@ from simkit.train.recipes import (
     RECIPES,
     composed_available,
     recipe,
+    recipe_entry,
     recipe_label,
 )
 
@@ -147,6 +151,41 @@ def config(small: bool = False) -> Config:
 
 def environment(cfg: Config) -> TokenMDP:
     return TokenMDP.at_least_k(V=cfg.V, T=cfg.T, k=cfg.k, seed=cfg.env_seed)
+
+
+def sweep_config(cfg: Config) -> TrainSweepConfig:
+    """The figure's grid as a training sweep (``configs/train_collapse_regimes.toml`` at full
+    size): :func:`usable_recipes` × the two sub-grids of :func:`cells` (``[[grids]]``: lr × lag
+    at N_fixed, N × lag at lr_fixed) × seeds, every run the :func:`_run` of the figure (same
+    environment, TrainConfig and seed)."""
+    d = {
+        "kind": "train",
+        "name": NAME,
+        "steps": cfg.steps,
+        "minibatch_size": cfg.minibatch_size,
+        "minibatches": list(cfg.Ns),
+        "lag": list(cfg.lags),
+        "lr": list(cfg.lrs),
+        "optimizer": "adam",
+        "record_every": cfg.record_every,
+        "seeds": list(cfg.seeds),
+        "environment": {
+            "kind": "token_mdp",
+            "constructor": "at_least_k",
+            "V": cfg.V,
+            "T": [cfg.T],
+            "seed": cfg.env_seed,
+            "kwargs": {"k": cfg.k},
+        },
+        "estimators": [recipe_entry(r, cfg.group_size) for r in usable_recipes(cfg)],
+        "grids": [
+            {"lr": list(cfg.lrs), "lag": list(cfg.lags), "minibatches": [cfg.N_fixed]},
+            {"minibatches": list(cfg.Ns), "lag": list(cfg.lags), "lr": [cfg.lr_fixed]},
+        ],
+    }
+    if cfg.max_grad_norm is not None:
+        d["max_grad_norm"] = cfg.max_grad_norm
+    return TrainSweepConfig.from_dict(d)
 
 
 def usable_recipes(cfg: Config) -> tuple[str, ...]:

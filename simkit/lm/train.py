@@ -33,10 +33,18 @@ transform) with a generator seeded by (seed, step); ``J`` is their mean reward a
 its standard error (sd/√n, ddof = 1).
 
 **Reproducibility and resume**: all randomness comes from ``seed`` (the rollout generator
-``torch.Generator().manual_seed(seed)``; evaluation generators from (seed, step)); with
-``out_dir`` a checkpoint (weights, optimizer state, lagged versions, generator state, the
-table so far) is written atomically after every rollout, and the same call resumes from it,
-giving the table of an uninterrupted run.
+``torch.Generator(device=d).manual_seed(seed)`` on the model's device d; evaluation generators
+from (seed, step), on d too); with ``out_dir`` a checkpoint (weights, optimizer state, lagged
+versions, generator state, the table so far) is written atomically after every rollout, and
+the same call resumes from it, giving the table of an uninterrupted run.
+
+**Devices**: the run lives where the model's parameters live (move the model first, e.g.
+``tiny_llama(device="cuda")``): sampling, log-probabilities, losses and updates run there, the
+generators are built there (``torch.multinomial`` needs its generator on the logits' device).
+On CPU the draws are those of ``torch.Generator()`` (bit-identical to the CPU-only trainer);
+a CUDA generator is a different stream (Philox), so a CUDA run reproduces itself, not the CPU
+table. GPU timings are not recorded yet (no GPU was lent to this project; see
+``benchmarks/lm_gpu.py``).
 """
 
 from __future__ import annotations
@@ -189,10 +197,15 @@ def _log_probs(model, ids, attn, resp, processor=None):
     return models.sequence_log_probs(model, ids, attn, resp, logits_processor=processor)
 
 
+def _device(model) -> torch.device:
+    """Where the model's parameters live (CPU for a model without parameters)."""
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
+
+
 def _evaluate(model, task: TokenTask, cfg: LMTrainConfig, seed: int, step: int):
     prompts = torch.tensor(task.prompt_ids(), dtype=torch.long)
     idx = np.arange(cfg.eval_samples) % len(prompts)
-    gen = torch.Generator().manual_seed(
+    gen = torch.Generator(device=_device(model)).manual_seed(
         int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
     )
     roll = models.sample_responses(model, prompts[idx], cfg.response_length, gen)
@@ -219,7 +232,8 @@ def train_lm(model, config: LMTrainConfig, seed: int = 0, *, out_dir=None, stop_
     )
     prompts = torch.tensor(train_task.prompt_ids(), dtype=torch.long)
     opt = torch.optim.Adam(model.parameters(), lr=config.lr)
-    gen = torch.Generator().manual_seed(seed)
+    device = _device(model)
+    gen = torch.Generator(device=device).manual_seed(seed)
     versions: list[dict] = []
     rows: list[dict] = []
     step = 0
@@ -228,7 +242,9 @@ def train_lm(model, config: LMTrainConfig, seed: int = 0, *, out_dir=None, stop_
         out.mkdir(parents=True, exist_ok=True)
         ck = out / _CHECKPOINT
         if ck.exists():
-            state = torch.load(ck, weights_only=False)
+            # on CPU: the generator state must be a CPU tensor; weights and optimizer state
+            # are copied to the model's device by load_state_dict
+            state = torch.load(ck, weights_only=False, map_location="cpu")
             if state["config"] != asdict(config) or state["seed"] != seed:
                 raise ValueError(f"{out} holds another LM training run (other config or seed)")
             model.load_state_dict(state["model"])
@@ -258,7 +274,7 @@ def train_lm(model, config: LMTrainConfig, seed: int = 0, *, out_dir=None, stop_
             log_old = _log_probs(model, ids, attn, resp) if config.correction else None
         rewards = train_task.rewards(pidx, roll.response_ids, resp[:, roll.prompt_length :])
         adv = estimators.advantages(rewards, "grpo", group_size=G)
-        adv_t = torch.tensor(adv, dtype=log_mu.dtype)
+        adv_t = torch.tensor(adv, dtype=log_mu.dtype, device=log_mu.device)
         for j in range(N):
             if step >= config.steps:
                 break

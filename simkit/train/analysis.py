@@ -6,9 +6,15 @@ at: where a run started and ended, its best value, its average over the run (the
 the curve: how fast it learned), and how it **failed**, if it did (:func:`failure_label`):
 
 - ``collapse``: it lost more than half of its best gain (:func:`collapsed`);
-- ``determinism``: premature determinism — its per-token entropy fell below
-  :data:`DETERMINISM_ENTROPY` of the initial entropy while J stayed far below J* (normalised
-  final gain < :data:`STALL_GAIN`): the policy locked into a wrong answer;
+- ``determinism``: premature determinism — its per-token entropy over the decision states it
+  visits fell below :data:`DETERMINISM_ENTROPY` of the initial one while J stayed far below
+  J* (normalised final gain < :data:`STALL_GAIN`): the policy locked into a wrong answer. The
+  entropy is the table's ``entropy_decision`` column (occupancy-weighted over the states where
+  some token leads elsewhere, :func:`simkit.train.records.decision_states`): absorbing states
+  (a taken lure, a reached goal) are excluded, since their rows get no systematic gradient and
+  keep their initial entropy — averaged in, they hid a policy that takes the lure at once
+  (tests/test_train_failures.py builds such a case). Tables recorded before that column
+  existed fall back to ``entropy`` (every visited state);
 - ``length``: length blow-up — the expected length grew past :data:`LENGTH_BLOWUP` × its
   initial value (EOS environments);
 - ``stall``: none of the above but the normalised final gain is below :data:`STALL_GAIN`;
@@ -162,10 +168,13 @@ def _summarize(run: pd.DataFrame, tail_fraction: float, J_star: float) -> dict:
     J_final = float(J[tail].mean()) if tail.any() else float(J[-1])
     peak = int(np.argmax(J))
     J_start, J_peak = float(J[0]), float(J[peak])
-    has = {c: c in rec.columns and rec[c].notna().any() for c in ("kl_seq", "entropy", "length")}
+    columns = ("kl_seq", "entropy_decision", "entropy", "length")
+    has = {c: c in rec.columns and rec[c].notna().any() for c in columns}
     kl_max = float(rec["kl_seq"].max()) if has["kl_seq"] else math.nan
-    h0 = float(rec["entropy"].iloc[0]) if has["entropy"] else math.nan
-    h1 = _tail_mean(rec, "entropy", tail) if has["entropy"] else math.nan
+    # the entropy of the determinism rule: over decision states (module docstring)
+    h_col = "entropy_decision" if has["entropy_decision"] else "entropy"
+    h0 = float(rec[h_col].iloc[0]) if has[h_col] else math.nan
+    h1 = _tail_mean(rec, h_col, tail) if has[h_col] else math.nan
     l0 = float(rec["length"].iloc[0]) if has["length"] else math.nan
     l_max = float(rec["length"].max()) if has["length"] else math.nan
     gain = normalized_gain(J_final, J_start, J_star) if np.isfinite(J_star) else math.nan
@@ -215,7 +224,8 @@ def run_summary(
     - ``cosine_mean`` (mean recorded cosine of the estimator to ∇J), ``zero_frac_mean``
       (mean clip/mask fraction), ``chi2_seq_max`` / ``kl_seq_max`` (largest recorded
       χ²_seq / KL_seq(π‖μ));
-    - ``entropy_start`` / ``entropy_final`` (per-token entropy of π, first recorded / tail
+    - ``entropy_start`` / ``entropy_final`` (per-token entropy of π over its decision states,
+      column ``entropy_decision`` — ``entropy`` if the table has none —, first recorded / tail
       mean), ``length_start`` / ``length_max`` (E|y|, first / largest recorded);
     - ``gain``: :func:`normalized_gain` of J_final against ``J_star`` (NaN without J*);
     - the failure flags ``collapsed``, ``determinism``, ``length_blowup``,

@@ -90,7 +90,9 @@ Two forms:
                              (start, final, peak and mean J, collapse) and writes
                              DIR/summary.csv.
   simkit train [OPTIONS]     one run. --recipe grpo|gspo|sapo|vespo|tis|mis|geo_mask|naive
-                             picks a paper's loss (mapping + aggregation, GRPO advantage);
+                             picks a paper's loss (mapping + aggregation, GRPO advantage),
+                             --recipe ppo_tis verl's decoupled PPO x token TIS (three
+                             policies: PPO clip on pi/pi_old, TIS on pi_old/mu);
                              --mapping NAME [--param k=v] [--aggregation] [--advantage] any
                              other. With --out DIR the run is checkpointed every
                              --chunk-steps steps: the same command resumes it.
@@ -103,6 +105,7 @@ examples:
   simkit train --recipe vespo --N 8 --steps 300
   simkit train --env answer_correct --V 16 --T 64 --recipe tis --precision bf16 \\
                --spike-prob 0.02 --spike-strength 6 --out runs/tis_bf16
+  simkit train --recipe ppo_tis --N 16 --lag 8 --lr 0.3 --max-grad-norm 1
   simkit train --mapping ppo_clip --param eps_high=0.28 --aggregation seq-mean-token-mean \\
                --N 16 --lag 1 --table ppo.csv
   simkit train configs/train_quick.toml --out runs/train_quick --backend processes
@@ -154,8 +157,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     g.add_argument(
         "--recipe",
         metavar="NAME",
-        help="a paper's loss: grpo, gspo, sapo, vespo, tis, mis, geo_mask, naive "
-        "(default grpo unless --mapping)",
+        help="a paper's loss: grpo, gspo, sapo, vespo, tis, mis, geo_mask, naive, or the "
+        "composed ppo_tis (decoupled PPO x token TIS) (default grpo unless --mapping)",
     )
     g.add_argument(
         "--mapping", metavar="NAME", help="any registered mapping ('simkit list mappings')"

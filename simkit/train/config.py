@@ -38,7 +38,14 @@ from simkit.train.mismatch import Mismatch
 from simkit.train.optim import OPTIMIZERS
 from simkit.train.params import PARAMETERIZATIONS
 
-__all__ = ["MISMATCH_KEYS", "SWEPT", "TrainSweepConfig", "mismatch_to_dict", "run_train_cell"]
+__all__ = [
+    "MISMATCH_KEYS",
+    "SWEPT",
+    "SubGrid",
+    "TrainSweepConfig",
+    "mismatch_to_dict",
+    "run_train_cell",
+]
 
 #: keys of a ``[[mismatch]]`` table (the fields of :class:`simkit.train.Mismatch`)
 MISMATCH_KEYS = tuple(f.name for f in dataclasses.fields(Mismatch))
@@ -64,6 +71,18 @@ def mismatch_to_dict(m: Mismatch) -> dict:
     return plain({k: v for k, v in m.to_dict().items() if v != getattr(default, k)})
 
 
+class SubGrid(Frozen):
+    """One ``[[grids]]`` table of a training sweep: the ``lag``, ``lr`` and ``minibatches``
+    lists of one sub-grid; a key it does not give is the sweep's own list."""
+
+    lag: one_or_more(NonNegInt) | None = None
+    lr: one_or_more(_Positive) | None = None
+    minibatches: one_or_more(PosInt) | None = None
+
+    def to_dict(self) -> dict:
+        return plain({k: list(v) for k, v in self.__dict__.items() if v is not None})
+
+
 class TrainSweepConfig(Frozen):
     """A grid of training runs (:func:`simkit.train.train`): ``kind = "train"`` in TOML.
 
@@ -75,13 +94,16 @@ class TrainSweepConfig(Frozen):
     (:class:`EstimatorConfig`: mapping × grid × aggregations × advantages); ``mismatch`` is a
     list of ``[[mismatch]]`` tables (:class:`simkit.train.Mismatch` fields: ``logit_noise``,
     ``precision``, ``spike_prob``, ``spike_strength``, ``spike_tokens``; none given: no
-    mismatch). The rollout size is set by exactly one of ``minibatch_size`` (m sequences per
-    update: the rollout batch is N·m, so that every N makes the same updates on the same number
-    of samples and only the staleness changes) or ``batch`` (a fixed rollout batch B split
-    into N mini-batches of B/N). ``steps``, ``optimizer``, ``beta1``, ``beta2``, ``adam_eps``,
-    ``max_grad_norm``, ``gradient``, ``record_every``, ``parameterization``, ``features``,
-    ``feature_rank`` and ``feature_seed`` are the :class:`~simkit.train.TrainConfig` fields,
-    the same for every run.
+    mismatch). ``grids`` (optional ``[[grids]]`` tables, :class:`SubGrid`) replaces the one product
+    lag × lr × N by the union of several products, each table overriding some of ``lag``, ``lr``,
+    ``minibatches`` (a run in two sub-grids is run once, at its first place): e.g. lr × lag at N =
+    16 plus N × lag at lr = 0.3 (``configs/train_collapse_regimes.toml``). The rollout size is set
+    by exactly one of ``minibatch_size`` (m sequences per update: the rollout batch is N·m, so that
+    every N makes the same updates on the same number of samples and only the staleness changes) or
+    ``batch`` (a fixed rollout batch B split into N mini-batches of B/N). ``steps``, ``optimizer``,
+    ``beta1``, ``beta2``, ``adam_eps``, ``max_grad_norm``, ``gradient``, ``record_every``,
+    ``parameterization``, ``features``, ``feature_rank`` and ``feature_seed`` are the
+    :class:`~simkit.train.TrainConfig` fields, the same for every run.
 
     **Seeds.** A run's random streams are ``SeedSequence(seed)`` of its entry of ``seeds``,
     exactly as ``simkit.train.train(env, config, seed=seed)``: runs that differ only in the
@@ -135,6 +157,7 @@ class TrainSweepConfig(Frozen):
     feature_rank: PosInt = _DEFAULTS["feature_rank"]
     feature_seed: NonNegInt = _DEFAULTS["feature_seed"]
     seeds: one_or_more(NonNegInt) = (0,)
+    grids: tuple[SubGrid, ...] = ()
 
     @model_validator(mode="after")
     def _check(self):
@@ -185,11 +208,13 @@ class TrainSweepConfig(Frozen):
         d["environment"] = self.environment.to_dict()
         d["mismatch"] = [mismatch_to_dict(m) for m in self.mismatch]
         d["estimators"] = [e.to_dict() for e in self.estimators]
+        if self.grids:
+            d["grids"] = [g.to_dict() for g in self.grids]
         return plain(d)
 
     def toml_tables(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The keys written as ``[table]`` and as ``[[array of tables]]`` in TOML."""
-        return ("environment",), ("mismatch", "estimators")
+        return ("environment",), ("mismatch", "estimators", *(("grids",) if self.grids else ()))
 
     # --- the runs ------------------------------------------------------------------------
 
@@ -211,18 +236,29 @@ class TrainSweepConfig(Frozen):
             **{name: getattr(self, name) for name in _scalars()},
         )
 
+    def schedules(self) -> list[tuple[int, float, int]]:
+        """The (lag, lr, N) of the runs, in expansion order: the product lag × lr × N, or with
+        ``grids`` the union of the sub-grids' products (first appearance kept)."""
+        grids = self.grids or (SubGrid(),)
+        out: dict[tuple, None] = {}
+        for g in grids:
+            for lag in g.lag or self.lag:
+                for lr in g.lr or self.lr:
+                    for N in g.minibatches or self.minibatches:
+                        out[(lag, lr, N)] = None
+        return list(out)
+
     def runs(self):
         """Yield ``(T, TrainConfig, seed)`` for every run, in expansion order."""
         ests = [e for ec in self.estimators for e in ec.build()]
+        schedules = self.schedules()
         for T in self.environment.lengths:
             for mismatch in self.mismatch:
-                for lag in self.lag:
-                    for lr in self.lr:
-                        for N in self.minibatches:
-                            for est in ests:
-                                cfg = self.train_config(est, N, lag, lr, mismatch)
-                                for seed in self.seeds:
-                                    yield T, cfg, seed
+                for lag, lr, N in schedules:
+                    for est in ests:
+                        cfg = self.train_config(est, N, lag, lr, mismatch)
+                        for seed in self.seeds:
+                            yield T, cfg, seed
 
     def validate(self) -> TrainSweepConfig:
         """Build every run's :class:`~simkit.train.TrainConfig` (batch sizes that do not
@@ -231,19 +267,17 @@ class TrainSweepConfig(Frozen):
         from simkit.config.errors import ConfigError
 
         ests = [e for ec in self.estimators for e in ec.build()]
-        for N in self.minibatches:
+        for lag, lr, N in self.schedules():
             for est in ests:
-                for lag in self.lag:
-                    for lr in self.lr:
-                        try:
-                            self.train_config(est, N, lag, lr)
-                        except (ValueError, TypeError) as exc:
-                            where = "minibatch_size" if self.minibatch_size else "batch"
-                            message = exc.args[0] if isinstance(exc, KeyError) else str(exc)
-                            raise ConfigError(
-                                f"{where}: run (estimator {est.name!r}, N = {N}, lag = {lag}, "
-                                f"lr = {lr!r}): {message}"
-                            ) from None
+                try:
+                    self.train_config(est, N, lag, lr)
+                except (ValueError, TypeError) as exc:
+                    where = "minibatch_size" if self.minibatch_size else "batch"
+                    message = exc.args[0] if isinstance(exc, KeyError) else str(exc)
+                    raise ConfigError(
+                        f"{where}: run (estimator {est.name!r}, N = {N}, lag = {lag}, "
+                        f"lr = {lr!r}): {message}"
+                    ) from None
         return self
 
     def cells(self) -> list[Cell]:

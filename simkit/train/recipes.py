@@ -121,7 +121,19 @@ def recipe(name: str, group_size: int = 8) -> Estimator:
 
 
 def recipe_entry(name: str, group_size: int = 8) -> dict:
-    """The ``[[estimators]]`` table (plain dict) of recipe ``name`` in a training sweep."""
+    """The ``[[estimators]]`` table (plain dict) of recipe ``name`` in a training sweep; a
+    composed recipe's table names its ``correction`` and ``mode`` (composed estimators in
+    :class:`simkit.config.schema.EstimatorConfig`, issue 15)."""
+    if name in COMPOSED_RECIPES:
+        _, mapping, correction, mode, aggregation = COMPOSED_RECIPES[name]
+        return {
+            "mapping": mapping,
+            "aggregations": [aggregation],
+            "advantages": ["grpo"],
+            "group_size": int(group_size),
+            "correction": correction,
+            "mode": mode,
+        }
     _, mapping, preset, aggregation = _check(name)
     entry = {
         "mapping": mapping,
@@ -134,8 +146,14 @@ def recipe_entry(name: str, group_size: int = 8) -> dict:
     return entry
 
 
-def recipe_of(mapping: str, aggregation: str) -> str | None:
-    """The recipe whose mapping and aggregation these are (None if no recipe matches)."""
+def recipe_of(mapping: str, aggregation: str, correction: str | None = None) -> str | None:
+    """The recipe whose mapping, aggregation and ``correction`` (None: a plain recipe) these
+    are (None if no recipe matches)."""
+    if correction is not None:
+        for name, (_, m, corr, _, agg) in COMPOSED_RECIPES.items():
+            if (m, corr, agg) == (mapping, correction, aggregation):
+                return name
+        return None
     for name, (_, m, _, agg) in RECIPES.items():
         if m == mapping and agg == aggregation:
             return name

@@ -30,6 +30,8 @@ COLUMNS = {
     "kl_seq_old": "KL(π_s‖π_old) of sequences: the staleness leg (π_old = θ at rollout start)",
     "kl_seq_old_mu": "KL(π_old‖μ) of sequences: the lag + mismatch leg",
     "entropy": "per-token entropy of π_s averaged over π_s's own occupancy, nats (DP)",
+    "entropy_decision": "the same over decision states only (some token leads elsewhere; "
+    "absorbing states excluded), nats (DP; NaN if π_s visits none)",
     "length": "E_π_s|y|, the expected sequence length (DP; T without EOS)",
     "grad_norm": "‖ĝ_s‖ of the estimator (before clipping)",
     "update_norm": "‖g‖ of the direction used (ĝ or ∇J, after clipping)",
@@ -53,6 +55,7 @@ EXACT_COLUMNS = (
     "kl_seq_old",
     "kl_seq_old_mu",
     "entropy",
+    "entropy_decision",
     "length",
 )
 
@@ -68,10 +71,19 @@ def ess_of_log_weights(log_w: np.ndarray) -> float:
     return float(w.sum() ** 2 / (log_w.size * (w * w).sum()))
 
 
-def _policy_stats(env_js) -> tuple[float, float]:
-    """(per-token entropy of π averaged over π's occupancy, E_π|y|), exact (DP); over K
-    prompts: Σ_k (entropy mass)_k / Σ_k E|y|_k and the mean E|y|."""
-    mass = length = 0.0
+def decision_states(env) -> np.ndarray:
+    """(S,) bool: True where the token can change the outcome, i.e. not every token leads to
+    the same next state. Absorbing states (every token stays, e.g. a reached goal or a taken
+    lure) and forced moves are False: the policy's entropy there does not affect J."""
+    trans = np.asarray(env.transition)
+    return (trans != trans[:, :1]).any(axis=1)
+
+
+def _policy_stats(env_js) -> tuple[float, float, float]:
+    """(per-token entropy of π averaged over π's occupancy, the same over the decision states
+    only (:func:`decision_states`; NaN if π visits none), E_π|y|), exact (DP); over K prompts:
+    Σ_k (entropy mass)_k / Σ_k (occupancy mass)_k and the mean E|y|."""
+    mass = length = decision_mass = decision_length = 0.0
     for env_j in env_js:
         d = env_j.occupancy()  # (T, S)
         pi = env_j.pi[:, env_j.policy_index]  # (T, S, V)
@@ -79,7 +91,11 @@ def _policy_stats(env_js) -> tuple[float, float]:
             h = -np.where(pi > 0, pi * np.log(pi), 0.0).sum(axis=-1)  # (T, S)
         mass += float((d * h).sum())
         length += float(d.sum())
-    return mass / length, length / len(env_js)
+        decides = decision_states(env_j)
+        decision_mass += float((d[:, decides] * h[:, decides]).sum())
+        decision_length += float(d[:, decides].sum())
+    decision = decision_mass / decision_length if decision_length > 0 else math.nan
+    return mass / length, decision, length / len(env_js)
 
 
 def exact_columns(env_js, mu, g_hat, grad_J) -> dict:
@@ -112,7 +128,7 @@ def exact_columns(env_js, mu, g_hat, grad_J) -> dict:
             chi2_seq=float(np.mean([e.chi2_seq(mu) for e in env_js])),
             kl_seq=float(np.mean([e.kl_seq(mu) for e in env_js])),
         )
-    out["entropy"], out["length"] = _policy_stats(env_js)
+    out["entropy"], out["entropy_decision"], out["length"] = _policy_stats(env_js)
     return out
 
 
