@@ -15,6 +15,14 @@ The default advantage of both configs is ``"oracle"`` as it was in main at that 
 meaning of an advantage, an estimator or an environment changes on purpose (for example issue
 12's ``oracle`` / ``oracle_pi`` split), these tables change with it: regenerate them with
 ``python tests/test_config_reference.py`` on the new main and say so in the commit message.
+
+Bit-identity holds on the CPU type that wrote the tables. numpy dispatches ``exp``, ``log``,
+``pow`` and its pairwise sums to SIMD kernels chosen by the CPU, so another machine type gives
+the same table to float rounding only (measured on an AMD EPYC against the saved tables:
+quantities that are zero in exact arithmetic differ at 1e-17, e.g. a bias of 4.885e-17 vs
+4.996e-17). The test therefore compares every non-float column (cell keys, names, flags)
+exactly and every float column to ``rtol = 1e-9``, ``atol = 1e-12`` — far below any change of
+meaning, far above rounding.
 """
 
 from __future__ import annotations
@@ -40,7 +48,18 @@ def _table(name: str) -> pd.DataFrame:
 @pytest.mark.parametrize("name", NAMES)
 def test_sweep_table_is_bit_identical_to_the_saved_reference(name):
     saved = pd.read_parquet(DATA / f"{name}_reference.parquet")
-    pd.testing.assert_frame_equal(_table(name), saved, check_exact=True)
+    assert_equal_to_rounding(_table(name), saved)
+
+
+def assert_equal_to_rounding(table: pd.DataFrame, saved: pd.DataFrame) -> None:
+    """Non-float columns exactly, float columns to rounding (see the module docstring)."""
+    assert list(table.columns) == list(saved.columns)
+    assert len(table) == len(saved)
+    for col in saved.columns:
+        exact = not pd.api.types.is_float_dtype(saved[col])
+        pd.testing.assert_series_equal(
+            table[col], saved[col], check_exact=exact, rtol=1e-9, atol=1e-12, obj=col
+        )
 
 
 if __name__ == "__main__":  # regenerate the references (see the module docstring)

@@ -59,9 +59,18 @@ def test_tabular_reproduces_the_reference_tables_bit_for_bit():
         table = train(env, TrainConfig(**kw, **extra, parameterization="tabular"), seed=5)
         expected = ref[ref["case"] == name].drop(columns="case").reset_index(drop=True)
         assert len(expected) == len(table), name
-        for col in expected.columns:  # every column the trainer had then, bit for bit
+        for col in expected.columns:  # every column the trainer had then
+            # bit for bit on the CPU type that wrote the reference; to rounding elsewhere
+            # (numpy's SIMD exp/log/sums depend on the CPU; see tests/test_config_reference.py)
+            exact = not pd.api.types.is_float_dtype(expected[col])
             pd.testing.assert_series_equal(
-                table[col], expected[col], check_exact=True, check_names=False, obj=col
+                table[col],
+                expected[col],
+                check_exact=exact,
+                rtol=1e-9,
+                atol=1e-12,
+                check_names=False,
+                obj=col,
             )
 
 
