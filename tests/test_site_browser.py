@@ -43,6 +43,8 @@ PAGES = {
     "catalogue": "catalogue/",
     "notebook": "notebooks/04_bandit_bias_variance/",
     "api": "api/mappings/",
+    "config api": "api/config/",
+    "architecture": "architecture/",
 }
 
 

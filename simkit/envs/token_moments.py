@@ -17,8 +17,8 @@ disjoint and position t holds one token, the squared norm has no cross terms:
   with the forward occupancy d^μ_t(s) and backward values of the terminal functions
   A^k·1{±A ≥ 0} (k = 0, 1, 2; the sign split is exact because A is a function of the final state):
 
-      E h block (t, p)  = a Σ_{s∈p} Σ_v d_t(s) μ_t(v|s) [φ₊ Q¹⁺ + φ₋ Q¹⁻](s, v) (e_v − π_t(·|s))
-      E‖h‖²            = a² Σ_t Σ_{s,v} d_t(s) μ_t(v|s) N_t(s, v) [φ₊² Q²⁺ + φ₋² Q²⁻](s, v)
+      E h block (t, p)  = a Σ_{s∈p} Σ_v d_t(s) μ_t(v|s) (φ₊ Q¹⁺ + φ₋ Q¹⁻)(s, v) (e_v − π_t(·|s))
+      E‖h‖²            = a² Σ_t Σ_{s,v} d_t(s) μ_t(v|s) N_t(s, v) (φ₊² Q²⁺ + φ₋² Q²⁻)(s, v)
 
   with Q^{k±}_t(s, v) = E_μ[A^k 1{±} | prefix in s at t, y_t = v].
 - **product form**, c_t = φ(W) = Π_u κ_u for every t with κ = r^α (:func:`sequence_moments`:
