@@ -107,23 +107,28 @@ def dp_applies(env, mapping, aggregation: str) -> str:
     return f"mapping {mapping.name!r} has no per-token or product-form coefficient"
 
 
-def moments(env, mu, mapping, baseline: float, aggregation="seq-mean-token-sum", max_length=None):
-    """:class:`TokenMoments` of ``mapping`` (token level or product form) by DP, exact."""
-    why = dp_applies(env, mapping, aggregation)
-    if why:
-        raise ValueError(f"no moment DP: {why}")
-    mu = env.check_policy(mu)
+def _baseline_and_scale(env, baseline, aggregation: str, max_length) -> tuple[float, float]:
+    """The checked baseline b and the aggregation's 1/Z: 1/T (``token-mean``), 1/``max_length``
+    (or 1/T when None; ``seq-mean-token-sum-norm``), else 1."""
     b = float(baseline)
     if not math.isfinite(b):
         raise ValueError(f"baseline must be finite, got {baseline}")
     if max_length is not None and aggregation != "seq-mean-token-sum-norm":
         raise ValueError("max_length applies to aggregation 'seq-mean-token-sum-norm' only")
     if aggregation == "token-mean":
-        inv_z = 1.0 / env.T
-    elif aggregation == "seq-mean-token-sum-norm":
-        inv_z = 1.0 / (env.T if max_length is None else int(max_length))
-    else:
-        inv_z = 1.0
+        return b, 1.0 / env.T
+    if aggregation == "seq-mean-token-sum-norm":
+        return b, 1.0 / (env.T if max_length is None else int(max_length))
+    return b, 1.0
+
+
+def moments(env, mu, mapping, baseline: float, aggregation="seq-mean-token-sum", max_length=None):
+    """:class:`TokenMoments` of ``mapping`` (token level or product form) by DP, exact."""
+    why = dp_applies(env, mapping, aggregation)
+    if why:
+        raise ValueError(f"no moment DP: {why}")
+    mu = env.check_policy(mu)
+    b, inv_z = _baseline_and_scale(env, baseline, aggregation, max_length)
     if mapping.level == "token":
         return token_level_moments(env, mu, mapping, b, inv_z)
     return sequence_moments(env, mu, mapping, b, inv_z)
@@ -506,17 +511,7 @@ def composed_moments(
         raise ValueError(f"no moment DP: {why}")
     mu = env.check_policy(mu)
     old = env.pi if old is None else env.check_policy(old, "old")
-    b = float(baseline)
-    if not math.isfinite(b):
-        raise ValueError(f"baseline must be finite, got {baseline}")
-    if max_length is not None and aggregation != "seq-mean-token-sum-norm":
-        raise ValueError("max_length applies to aggregation 'seq-mean-token-sum-norm' only")
-    if aggregation == "token-mean":
-        inv_z = 1.0 / env.T
-    elif aggregation == "seq-mean-token-sum-norm":
-        inv_z = 1.0 / (env.T if max_length is None else int(max_length))
-    else:
-        inv_z = 1.0
+    b, inv_z = _baseline_and_scale(env, baseline, aggregation, max_length)
     if correction is None:  # the single-ratio estimator on π/μ, whatever π_old is
         legs = [(mapping, "pi", "mu")]
     elif mode == "bypass":
