@@ -86,6 +86,18 @@ class TokenMoments:
         denom = self.sq_sum * self.mean_length
         return n * self.abs_sum**2 / denom if denom > 0 else 0.0
 
+    @classmethod
+    def of_sums(cls, inv_z: float, mean, second, abs_sum, sq_sum, mean_length) -> TokenMoments:
+        """The moments of h = a·A·Σ_t c_t ∇θ log π (a = ``inv_z`` = 1/Z) from the sweeps' a = 1
+        sums: ``mean`` (flattened to (D,)) times a, ``second`` times a²; the ESS sums as given."""
+        return cls(
+            mean=inv_z * mean.ravel(),
+            second=inv_z**2 * float(second),
+            abs_sum=abs_sum,
+            sq_sum=sq_sum,
+            mean_length=mean_length,
+        )
+
 
 def dp_applies(env, mapping, aggregation: str) -> str:
     """'' if :func:`moments` applies to ``mapping`` × ``aggregation`` on ``env``, else why not."""
@@ -320,13 +332,7 @@ def token_level_moments(env, mu, mapping, b: float, inv_z: float = 1.0) -> Token
                 abs_sum += k0 * float(np.einsum("bsv,bsv->", w, np.abs(cY)))
                 sq_sum += k0 * float(np.einsum("bsv,bsv->", w, c2Y))
         _store_blocks(env, mean, t0, t1, w * lam, P)
-    return TokenMoments(
-        mean=inv_z * mean.ravel(),
-        second=inv_z**2 * float(second),
-        abs_sum=abs_sum,
-        sq_sum=sq_sum,
-        mean_length=float(d.sum()),
-    )
+    return TokenMoments.of_sums(inv_z, mean, second, abs_sum, sq_sum, float(d.sum()))
 
 
 def _product_kernels(env, mu, alpha: float, t0: int, t1: int):
@@ -424,13 +430,7 @@ def sequence_moments(env, mu, mapping, b: float, inv_z: float = 1.0) -> TokenMom
             inner = sp1 * values[:, 2] - 2.0 * kpq
             second += float(np.einsum("bs,bs,b->", F2[t0:t1], inner, s2[:, 0]))
             sq_sum += float(np.einsum("bs,bs,b->", F2[t0:t1], values[:, 3], s2[:, 1]))
-    return TokenMoments(
-        mean=inv_z * mean.ravel(),
-        second=inv_z**2 * second,
-        abs_sum=abs_sum,
-        sq_sum=sq_sum,
-        mean_length=_mean_length(env, mu),
-    )
+    return TokenMoments.of_sums(inv_z, mean, second, abs_sum, sq_sum, _mean_length(env, mu))
 
 
 # --- three policies: composed coefficients, c_t = g_t · Π_u κ_u --------------------------------
@@ -601,13 +601,7 @@ def _factored_moments(env, mu, factors, b: float, inv_z: float) -> TokenMoments:
                     abs_sum += k0 * float(np.einsum("bsv,bsv->", w1, np.abs(g) * Y1))
                     sq_sum += k0 * float(np.einsum("bsv,bsv->", w2, gY2))
             _store_blocks(env, mean, t0, t1, w1 * lam, P)
-    return TokenMoments(
-        mean=inv_z * mean.ravel(),
-        second=inv_z**2 * second,
-        abs_sum=abs_sum,
-        sq_sum=sq_sum,
-        mean_length=_mean_length(env, mu),
-    )
+    return TokenMoments.of_sums(inv_z, mean, second, abs_sum, sq_sum, _mean_length(env, mu))
 
 
 def _mean_length(env, mu) -> float:
