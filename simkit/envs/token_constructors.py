@@ -47,50 +47,54 @@ def _token_other_than_eos(value, name: str, V: int, eos) -> int:
     return token
 
 
+def _logit_table(
+    T: int, P: int, V: int, logits=None, seed=0, scale=1.0, stationary=True
+) -> np.ndarray:
+    """The (T, P, V) logits (a read-only broadcast view) of :class:`LogitOptions`: ``logits``
+    (V,), (P, V) or (T, P, V) broadcast over positions, or random ``scale``·N(0, 1) from
+    ``seed`` (one (P, V) table for every position when ``stationary``)."""
+    if logits is None:
+        if not (isinstance(scale, int | float) and math.isfinite(scale) and scale >= 0):
+            raise ValueError(f"scale must be a finite number >= 0, got {scale!r}")
+        rng = np.random.default_rng(check_seed(seed))
+        shape = (1, P, V) if stationary else (T, P, V)
+        logits = scale * rng.standard_normal(shape)
+    logits = np.asarray(logits, dtype=np.float64)
+    if logits.ndim == 1:
+        logits = logits[None, None, :]
+    elif logits.ndim == 2:
+        logits = logits[None]
+    if logits.ndim != 3 or logits.shape[-1] != V or logits.shape[1] not in (1, P):
+        raise ValueError(
+            f"logits must have shape (V,), (P, V) or (T, P, V) with V = {V}, P = {P}, "
+            f"T = {T}; got {np.shape(logits)}"
+        )
+    if logits.shape[0] not in (1, T):
+        raise ValueError(f"logits has {logits.shape[0]} positions, expected 1 or T = {T}")
+    return np.broadcast_to(logits, (T, P, V))
+
+
 class TokenMDPConstructors:
     """Constructors of :class:`~simkit.envs.token_mdp.TokenMDP` (mixin)."""
 
     @classmethod
     def _build(
-        cls,
-        transition,
-        policy_index,
-        reward,
-        T,
-        eos,
-        *,
-        logits=None,
-        seed: int = 0,
-        scale: float = 1.0,
-        stationary: bool = True,
+        cls, transition, policy_index, reward, T, eos, **options: Unpack[LogitOptions]
     ) -> TokenMDP:
         """The token MDP of an automaton (``transition`` (S, V), ``policy_index`` (S,) with
-        P = max + 1 classes, ``reward`` (S,)) with ``logits`` (V,), (P, V) or (T, P, V) broadcast
-        over positions, or random ``scale``·N(0, 1) from ``seed`` (one (P, V) table for every
-        position when ``stationary``). ``eos`` ends a sequence and does not move the automaton."""
+        P = max + 1 classes, ``reward`` (S,)) with the logits of ``options``
+        (:func:`_logit_table`). ``eos`` ends a sequence and does not move the automaton."""
+        unknown = [key for key in options if key not in LogitOptions.__annotations__]
+        if unknown:
+            raise TypeError(
+                f"unexpected keyword argument {unknown[0]!r}: a TokenMDP constructor takes the "
+                f"logit options {', '.join(LogitOptions.__annotations__)}"
+            )
         T = positive_int(T, "T")
         S, V = np.shape(transition)
         P = int(np.max(policy_index)) + 1
         check_token_mdp(T, P, V, S=S)  # before any (T, P, V) array is allocated
-        if logits is None:
-            if not (isinstance(scale, int | float) and math.isfinite(scale) and scale >= 0):
-                raise ValueError(f"scale must be a finite number >= 0, got {scale!r}")
-            rng = np.random.default_rng(check_seed(seed))
-            shape = (1, P, V) if stationary else (T, P, V)
-            logits = scale * rng.standard_normal(shape)
-        logits = np.asarray(logits, dtype=np.float64)
-        if logits.ndim == 1:
-            logits = logits[None, None, :]
-        elif logits.ndim == 2:
-            logits = logits[None]
-        if logits.ndim != 3 or logits.shape[-1] != V or logits.shape[1] not in (1, P):
-            raise ValueError(
-                f"logits must have shape (V,), (P, V) or (T, P, V) with V = {V}, P = {P}, "
-                f"T = {T}; got {np.shape(logits)}"
-            )
-        if logits.shape[0] not in (1, T):
-            raise ValueError(f"logits has {logits.shape[0]} positions, expected 1 or T = {T}")
-        logits = np.broadcast_to(logits, (T, P, V))
+        logits = _logit_table(T, P, V, **options)
         if eos is not None:
             eos = check_index(eos, "eos", V, "a token")
             transition = np.array(transition)
