@@ -62,6 +62,7 @@ import pandas as pd
 import torch
 
 from simkit import estimators
+from simkit._validation import int_at_least
 from simkit.lm import losses, models
 from simkit.lm.tasks import TokenTask
 
@@ -132,9 +133,8 @@ class LMTrainConfig:
             ("eval_every", 1),
             ("eval_samples", 2),
         ):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise ValueError(f"LMTrainConfig.{name} must be an integer >= {low}, got {v!r}")
+            value = int_at_least(getattr(self, name), f"LMTrainConfig.{name}", low)
+            object.__setattr__(self, name, value)
         if self.minibatch_size % self.group_size:
             raise ValueError(
                 f"LMTrainConfig.minibatch_size = {self.minibatch_size} must be a multiple of "
