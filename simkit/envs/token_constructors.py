@@ -87,8 +87,9 @@ class TokenMDPConstructors:
         unknown = [key for key in options if key not in LogitOptions.__annotations__]
         if unknown:
             raise TypeError(
-                f"unexpected keyword argument {unknown[0]!r}: a TokenMDP constructor takes the "
-                f"logit options {', '.join(LogitOptions.__annotations__)}"
+                f"unexpected keyword argument {unknown[0]!r}: neither an argument of this "
+                "TokenMDP constructor nor one of the logit options "
+                f"{', '.join(LogitOptions.__annotations__)}"
             )
         T = positive_int(T, "T")
         S, V = np.shape(transition)
