@@ -1,6 +1,7 @@
 """simkit.experiment: exact path vs Monte Carlo, bounds, metrics, the results table."""
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -306,3 +307,23 @@ def test_khat_of_weights():
     assert math.isnan(khat_of_weights(np.append(atoms, 60.0)))
     with pytest.raises(ValueError, match="non-negative"):
         khat_of_weights(np.array([1.0, -1.0]))
+
+
+def test_non_finite_coefficients_name_the_estimator_on_both_paths():
+    @dataclass(frozen=True)
+    class Infinite(mappings.ScalarMapping):
+        name = "inf_everywhere"
+
+        def _coefficients(self, log_ratio, mask, advantages):
+            return np.where(mask, np.inf, 0.0)
+
+    env = ENVS["bernoulli"]
+    est = Estimator(Infinite(), advantage="raw")
+    with pytest.raises(ValueError, match=r"'inf_everywhere'.*\(NaN/inf\) on 8 tokens of the sup"):
+        exact_moments(env, MU, est, 4)  # 4 arms × sign of A = 8 atoms
+    batch = env.sample(MU, 4, reps=3, rng=np.random.default_rng(0))
+    with (
+        np.errstate(invalid="ignore"),  # inf·0 in the per-token weights before the check
+        pytest.raises(ValueError, match=r"'inf_everywhere'.*\(NaN/inf\) on 12 of 12 drawn tok"),
+    ):
+        sample_gradients(env, batch, est)

@@ -411,6 +411,13 @@ def test_bad_input():
         TokenMDP.iid(3, 2, answer=1, eos=1)
     with pytest.raises(ValueError, match="k must be <= T"):
         TokenMDP.at_least_k(3, 2, k=3)
+    with pytest.raises(
+        TypeError,
+        match=r"'sead': neither an argument .* logit options logits, seed, scale, stationary",
+    ):
+        TokenMDP.markov(3, 2, sead=1)
+    with pytest.raises(ValueError, match="scale must be a finite number >= 0"):
+        TokenMDP.parity(3, 2, scale=-1.0)
     env = TokenMDP.iid(3, 2, seed=0)
     with pytest.raises(ValueError, match=r"behaviour must have shape \(T, P, V\)"):
         env.chi2_seq(np.full((3, 1, 3), 1 / 3))

@@ -27,6 +27,7 @@ import numpy as np
 from scipy.optimize import brentq
 
 from simkit import divergence
+from simkit._validation import int_at_least
 
 
 def _logits_of(env) -> np.ndarray:
@@ -39,17 +40,11 @@ def _with_logits(env, logits):
     return dataclasses.replace(env, logits=logits)
 
 
-def _check_steps(steps) -> int:
-    if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or steps < 1:
-        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
-    return int(steps)
-
-
 def stale_logits(env, steps: int = 1, step_size: float = 0.1) -> np.ndarray:
     """θ_old after ``steps`` exact gradient steps of size η = ``step_size`` *backwards* from θ:
     θ_{j+1} = θ_j − η·∇J(θ_j), so that ``steps`` ascent steps from θ_old lead (approximately)
     back to θ. Shape of ``env.logits``."""
-    steps = _check_steps(steps)
+    steps = int_at_least(steps, "steps", 1)
     if isinstance(step_size, bool) or not (isinstance(step_size, int | float) and step_size >= 0):
         raise ValueError(f"step_size must be a real number >= 0, got {step_size!r}")
     if not math.isfinite(step_size):
@@ -84,7 +79,7 @@ def dial_staleness(env, chi2: float, steps: int = 1, level: str = "seq") -> np.n
     family)."""
     if isinstance(chi2, bool) or not (isinstance(chi2, int | float) and chi2 > 0):
         raise ValueError(f"chi2 must be a real number > 0, got {chi2!r}")
-    steps = _check_steps(steps)
+    steps = int_at_least(steps, "steps", 1)
 
     def gap(eta):
         return staleness_chi2(env, stale_policy(env, steps, eta), level) - chi2

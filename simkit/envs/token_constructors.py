@@ -3,13 +3,15 @@ at least k hits, parity.
 
 :class:`TokenMDPConstructors` is a mixin of :class:`~simkit.envs.token_mdp.TokenMDP`: each
 constructor builds the automaton (``transition``, ``policy_index``, ``reward``) of its task and
-the logits (given, or random ``scale``·N(0, 1) from ``seed``) through one ``_build``.
+hands it to one ``_build`` with the options it was given (:class:`LogitOptions`: the
+logits, or random ``scale``·N(0, 1) from ``seed``, shared by every position when
+``stationary``), so those options are declared and checked in one place.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
@@ -18,7 +20,23 @@ from simkit._validation import check_seed, positive_int
 from simkit.envs._checks import check_index
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from simkit.envs.token_mdp import TokenMDP
+
+
+class LogitOptions(TypedDict, total=False):
+    """The keyword options every constructor passes to ``_build``: where the logits come from.
+
+    ``logits``: (V,), (P, V) or (T, P, V), broadcast over positions (default None: random);
+    ``seed`` (default 0) and ``scale`` (default 1.0) of the random logits ``scale``·N(0, 1);
+    ``stationary`` (default True): one random (P, V) table shared by every position.
+    """
+
+    logits: object
+    seed: int
+    scale: float
+    stationary: bool
 
 
 def _token_other_than_eos(value, name: str, V: int, eos) -> int:
@@ -29,40 +47,55 @@ def _token_other_than_eos(value, name: str, V: int, eos) -> int:
     return token
 
 
+def _logit_table(
+    T: int, P: int, V: int, logits=None, seed=0, scale=1.0, stationary=True
+) -> np.ndarray:
+    """The (T, P, V) logits (a read-only broadcast view) of :class:`LogitOptions`: ``logits``
+    (V,), (P, V) or (T, P, V) broadcast over positions, or random ``scale``·N(0, 1) from
+    ``seed`` (one (P, V) table for every position when ``stationary``)."""
+    if logits is None:
+        if not (isinstance(scale, int | float) and math.isfinite(scale) and scale >= 0):
+            raise ValueError(f"scale must be a finite number >= 0, got {scale!r}")
+        rng = np.random.default_rng(check_seed(seed))
+        shape = (1, P, V) if stationary else (T, P, V)
+        logits = scale * rng.standard_normal(shape)
+    logits = np.asarray(logits, dtype=np.float64)
+    if logits.ndim == 1:
+        logits = logits[None, None, :]
+    elif logits.ndim == 2:
+        logits = logits[None]
+    if logits.ndim != 3 or logits.shape[-1] != V or logits.shape[1] not in (1, P):
+        raise ValueError(
+            f"logits must have shape (V,), (P, V) or (T, P, V) with V = {V}, P = {P}, "
+            f"T = {T}; got {np.shape(logits)}"
+        )
+    if logits.shape[0] not in (1, T):
+        raise ValueError(f"logits has {logits.shape[0]} positions, expected 1 or T = {T}")
+    return np.broadcast_to(logits, (T, P, V))
+
+
 class TokenMDPConstructors:
     """Constructors of :class:`~simkit.envs.token_mdp.TokenMDP` (mixin)."""
 
     @classmethod
     def _build(
-        cls, transition, policy_index, reward, T, eos, logits, seed, scale, stationary
+        cls, transition, policy_index, reward, T, eos, **options: Unpack[LogitOptions]
     ) -> TokenMDP:
         """The token MDP of an automaton (``transition`` (S, V), ``policy_index`` (S,) with
-        P = max + 1 classes, ``reward`` (S,)) with ``logits`` (V,), (P, V) or (T, P, V) broadcast
-        over positions, or random ``scale``·N(0, 1) from ``seed`` (one (P, V) table for every
-        position when ``stationary``). ``eos`` ends a sequence and does not move the automaton."""
+        P = max + 1 classes, ``reward`` (S,)) with the logits of ``options``
+        (:func:`_logit_table`). ``eos`` ends a sequence and does not move the automaton."""
+        unknown = [key for key in options if key not in LogitOptions.__annotations__]
+        if unknown:
+            raise TypeError(
+                f"unexpected keyword argument {unknown[0]!r}: neither an argument of this "
+                "TokenMDP constructor nor one of the logit options "
+                f"{', '.join(LogitOptions.__annotations__)}"
+            )
         T = positive_int(T, "T")
         S, V = np.shape(transition)
         P = int(np.max(policy_index)) + 1
         check_token_mdp(T, P, V, S=S)  # before any (T, P, V) array is allocated
-        if logits is None:
-            if not (isinstance(scale, int | float) and math.isfinite(scale) and scale >= 0):
-                raise ValueError(f"scale must be a finite number >= 0, got {scale!r}")
-            rng = np.random.default_rng(check_seed(seed))
-            shape = (1, P, V) if stationary else (T, P, V)
-            logits = scale * rng.standard_normal(shape)
-        logits = np.asarray(logits, dtype=np.float64)
-        if logits.ndim == 1:
-            logits = logits[None, None, :]
-        elif logits.ndim == 2:
-            logits = logits[None]
-        if logits.ndim != 3 or logits.shape[-1] != V or logits.shape[1] not in (1, P):
-            raise ValueError(
-                f"logits must have shape (V,), (P, V) or (T, P, V) with V = {V}, P = {P}, "
-                f"T = {T}; got {np.shape(logits)}"
-            )
-        if logits.shape[0] not in (1, T):
-            raise ValueError(f"logits has {logits.shape[0]} positions, expected 1 or T = {T}")
-        logits = np.broadcast_to(logits, (T, P, V))
+        logits = _logit_table(T, P, V, **options)
         if eos is not None:
             eos = check_index(eos, "eos", V, "a token")
             transition = np.array(transition)
@@ -76,10 +109,7 @@ class TokenMDPConstructors:
         T: int,
         answer: int = 0,
         eos: int | None = None,
-        logits=None,
-        seed: int = 0,
-        scale: float = 1.0,
-        stationary: bool = True,
+        **options: Unpack[LogitOptions],
     ) -> TokenMDP:
         """Independent tokens: one policy class (P = 1), π(·|t) = softmax(logits[t, 0]).
 
@@ -93,7 +123,7 @@ class TokenMDPConstructors:
         transition = np.zeros((2, V), dtype=np.int64)
         transition[0, answer] = 1
         transition[1, :] = 1
-        return cls._build(transition, [0, 0], [0.0, 1.0], T, eos, logits, seed, scale, stationary)
+        return cls._build(transition, [0, 0], [0.0, 1.0], T, eos, **options)
 
     @classmethod
     def markov(
@@ -102,10 +132,7 @@ class TokenMDPConstructors:
         T: int,
         target: int = 0,
         eos: int | None = None,
-        logits=None,
-        seed: int = 0,
-        scale: float = 1.0,
-        stationary: bool = True,
+        **options: Unpack[LogitOptions],
     ) -> TokenMDP:
         """First-order Markov policy: the policy class is the previous token.
 
@@ -119,7 +146,7 @@ class TokenMDPConstructors:
         transition = np.broadcast_to(1 + np.arange(V), (S, V))
         reward = np.zeros(S)
         reward[1 + target] = 1.0
-        return cls._build(transition, np.arange(S), reward, T, eos, logits, seed, scale, stationary)
+        return cls._build(transition, np.arange(S), reward, T, eos, **options)
 
     @classmethod
     def answer_correct(
@@ -128,10 +155,7 @@ class TokenMDPConstructors:
         T: int,
         answer: int = 0,
         eos: int | None = None,
-        logits=None,
-        seed: int = 0,
-        scale: float = 1.0,
-        stationary: bool = True,
+        **options: Unpack[LogitOptions],
     ) -> TokenMDP:
         """ "The final answer is correct": R = 1 iff the last token (before EOS) is ``answer``.
 
@@ -142,9 +166,7 @@ class TokenMDPConstructors:
         answer = _token_other_than_eos(answer, "answer", V, eos)
         transition = np.full((3, V), 2, dtype=np.int64)
         transition[:, answer] = 1
-        return cls._build(
-            transition, np.arange(3), [0.0, 1.0, 0.0], T, eos, logits, seed, scale, stationary
-        )
+        return cls._build(transition, np.arange(3), [0.0, 1.0, 0.0], T, eos, **options)
 
     @classmethod
     def at_least_k(
@@ -154,10 +176,7 @@ class TokenMDPConstructors:
         k: int,
         hit: int = 0,
         eos: int | None = None,
-        logits=None,
-        seed: int = 0,
-        scale: float = 1.0,
-        stationary: bool = True,
+        **options: Unpack[LogitOptions],
     ) -> TokenMDP:
         """R = 1 iff the ``hit`` token occurs at least ``k`` times (1 ≤ k ≤ T).
 
@@ -174,19 +193,11 @@ class TokenMDPConstructors:
         transition[:, hit] = np.minimum(np.arange(S) + 1, k)
         reward = np.zeros(S)
         reward[k] = 1.0
-        return cls._build(transition, np.arange(S), reward, T, eos, logits, seed, scale, stationary)
+        return cls._build(transition, np.arange(S), reward, T, eos, **options)
 
     @classmethod
     def parity(
-        cls,
-        V: int,
-        T: int,
-        marked=None,
-        eos: int | None = None,
-        logits=None,
-        seed: int = 0,
-        scale: float = 1.0,
-        stationary: bool = True,
+        cls, V: int, T: int, marked=None, eos: int | None = None, **options: Unpack[LogitOptions]
     ) -> TokenMDP:
         """R = 1 iff an odd number of ``marked`` tokens is emitted (default: odd token ids).
 
@@ -200,6 +211,4 @@ class TokenMDPConstructors:
             raise ValueError(f"eos = {eos} cannot be a marked token")
         transition = np.repeat(np.arange(2)[:, None], V, axis=1)
         transition[:, marked_ids] = 1 - np.arange(2)[:, None]
-        return cls._build(
-            transition, np.arange(2), [0.0, 1.0], T, eos, logits, seed, scale, stationary
-        )
+        return cls._build(transition, np.arange(2), [0.0, 1.0], T, eos, **options)

@@ -86,6 +86,18 @@ class TokenMoments:
         denom = self.sq_sum * self.mean_length
         return n * self.abs_sum**2 / denom if denom > 0 else 0.0
 
+    @classmethod
+    def of_sums(cls, inv_z: float, mean, second, abs_sum, sq_sum, mean_length) -> TokenMoments:
+        """The moments of h = a·A·Σ_t c_t ∇θ log π (a = ``inv_z`` = 1/Z) from the sweeps' a = 1
+        sums: ``mean`` (flattened to (D,)) times a, ``second`` times a²; the ESS sums as given."""
+        return cls(
+            mean=inv_z * mean.ravel(),
+            second=inv_z**2 * float(second),
+            abs_sum=abs_sum,
+            sq_sum=sq_sum,
+            mean_length=mean_length,
+        )
+
 
 def dp_applies(env, mapping, aggregation: str) -> str:
     """'' if :func:`moments` applies to ``mapping`` × ``aggregation`` on ``env``, else why not."""
@@ -107,23 +119,28 @@ def dp_applies(env, mapping, aggregation: str) -> str:
     return f"mapping {mapping.name!r} has no per-token or product-form coefficient"
 
 
-def moments(env, mu, mapping, baseline: float, aggregation="seq-mean-token-sum", max_length=None):
-    """:class:`TokenMoments` of ``mapping`` (token level or product form) by DP, exact."""
-    why = dp_applies(env, mapping, aggregation)
-    if why:
-        raise ValueError(f"no moment DP: {why}")
-    mu = env.check_policy(mu)
+def _baseline_and_scale(env, baseline, aggregation: str, max_length) -> tuple[float, float]:
+    """The checked baseline b and the aggregation's 1/Z: 1/T (``token-mean``), 1/``max_length``
+    (or 1/T when None; ``seq-mean-token-sum-norm``), else 1."""
     b = float(baseline)
     if not math.isfinite(b):
         raise ValueError(f"baseline must be finite, got {baseline}")
     if max_length is not None and aggregation != "seq-mean-token-sum-norm":
         raise ValueError("max_length applies to aggregation 'seq-mean-token-sum-norm' only")
     if aggregation == "token-mean":
-        inv_z = 1.0 / env.T
-    elif aggregation == "seq-mean-token-sum-norm":
-        inv_z = 1.0 / (env.T if max_length is None else int(max_length))
-    else:
-        inv_z = 1.0
+        return b, 1.0 / env.T
+    if aggregation == "seq-mean-token-sum-norm":
+        return b, 1.0 / (env.T if max_length is None else int(max_length))
+    return b, 1.0
+
+
+def moments(env, mu, mapping, baseline: float, aggregation="seq-mean-token-sum", max_length=None):
+    """:class:`TokenMoments` of ``mapping`` (token level or product form) by DP, exact."""
+    why = dp_applies(env, mapping, aggregation)
+    if why:
+        raise ValueError(f"no moment DP: {why}")
+    mu = env.check_policy(mu)
+    b, inv_z = _baseline_and_scale(env, baseline, aggregation, max_length)
     if mapping.level == "token":
         return token_level_moments(env, mu, mapping, b, inv_z)
     return sequence_moments(env, mu, mapping, b, inv_z)
@@ -315,13 +332,7 @@ def token_level_moments(env, mu, mapping, b: float, inv_z: float = 1.0) -> Token
                 abs_sum += k0 * float(np.einsum("bsv,bsv->", w, np.abs(cY)))
                 sq_sum += k0 * float(np.einsum("bsv,bsv->", w, c2Y))
         _store_blocks(env, mean, t0, t1, w * lam, P)
-    return TokenMoments(
-        mean=inv_z * mean.ravel(),
-        second=inv_z**2 * float(second),
-        abs_sum=abs_sum,
-        sq_sum=sq_sum,
-        mean_length=float(d.sum()),
-    )
+    return TokenMoments.of_sums(inv_z, mean, second, abs_sum, sq_sum, float(d.sum()))
 
 
 def _product_kernels(env, mu, alpha: float, t0: int, t1: int):
@@ -419,13 +430,7 @@ def sequence_moments(env, mu, mapping, b: float, inv_z: float = 1.0) -> TokenMom
             inner = sp1 * values[:, 2] - 2.0 * kpq
             second += float(np.einsum("bs,bs,b->", F2[t0:t1], inner, s2[:, 0]))
             sq_sum += float(np.einsum("bs,bs,b->", F2[t0:t1], values[:, 3], s2[:, 1]))
-    return TokenMoments(
-        mean=inv_z * mean.ravel(),
-        second=inv_z**2 * second,
-        abs_sum=abs_sum,
-        sq_sum=sq_sum,
-        mean_length=_mean_length(env, mu),
-    )
+    return TokenMoments.of_sums(inv_z, mean, second, abs_sum, sq_sum, _mean_length(env, mu))
 
 
 # --- three policies: composed coefficients, c_t = g_t · Π_u κ_u --------------------------------
@@ -506,17 +511,7 @@ def composed_moments(
         raise ValueError(f"no moment DP: {why}")
     mu = env.check_policy(mu)
     old = env.pi if old is None else env.check_policy(old, "old")
-    b = float(baseline)
-    if not math.isfinite(b):
-        raise ValueError(f"baseline must be finite, got {baseline}")
-    if max_length is not None and aggregation != "seq-mean-token-sum-norm":
-        raise ValueError("max_length applies to aggregation 'seq-mean-token-sum-norm' only")
-    if aggregation == "token-mean":
-        inv_z = 1.0 / env.T
-    elif aggregation == "seq-mean-token-sum-norm":
-        inv_z = 1.0 / (env.T if max_length is None else int(max_length))
-    else:
-        inv_z = 1.0
+    b, inv_z = _baseline_and_scale(env, baseline, aggregation, max_length)
     if correction is None:  # the single-ratio estimator on π/μ, whatever π_old is
         legs = [(mapping, "pi", "mu")]
     elif mode == "bypass":
@@ -606,13 +601,7 @@ def _factored_moments(env, mu, factors, b: float, inv_z: float) -> TokenMoments:
                     abs_sum += k0 * float(np.einsum("bsv,bsv->", w1, np.abs(g) * Y1))
                     sq_sum += k0 * float(np.einsum("bsv,bsv->", w2, gY2))
             _store_blocks(env, mean, t0, t1, w1 * lam, P)
-    return TokenMoments(
-        mean=inv_z * mean.ravel(),
-        second=inv_z**2 * second,
-        abs_sum=abs_sum,
-        sq_sum=sq_sum,
-        mean_length=_mean_length(env, mu),
-    )
+    return TokenMoments.of_sums(inv_z, mean, second, abs_sum, sq_sum, _mean_length(env, mu))
 
 
 def _mean_length(env, mu) -> float:

@@ -45,7 +45,7 @@ from functools import cached_property
 
 import numpy as np
 
-from simkit._validation import as_prob
+from simkit._validation import as_prob, positive_int
 
 __all__ = ["TokenBatch", "accumulate_tokens", "padding_mask", "sample_tokens", "token_states"]
 
@@ -120,12 +120,6 @@ class TokenBatch:
 
 
 # --- helpers --------------------------------------------------------------------------------
-
-
-def _positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
 
 
 def _model(env):
@@ -252,8 +246,8 @@ def sample_tokens(env, mu, n: int, rng: np.random.Generator, reps: int | None = 
     mu = _check_behaviour(mu, (T, P, V))
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
-    n = _positive_int(n, "n")
-    lead = () if reps is None else (_positive_int(reps, "reps"),)
+    n = positive_int(n, "n")
+    lead = () if reps is None else (positive_int(reps, "reps"),)
     N = n * (lead[0] if lead else 1)
 
     V_pad = 1 << max(V - 1, 0).bit_length()  # smallest power of two >= V

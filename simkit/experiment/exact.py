@@ -98,12 +98,7 @@ def exact_moments(
     mask = np.asarray(atoms.mask, dtype=bool)  # (M, T)
     old_lr = old_log_ratio_of(env, old, mu, atoms)
     c = est.coefficients(atoms.log_ratio, mask, atoms.advantage_sign, old_log_ratio=old_lr)
-    bad = int(np.count_nonzero(~np.isfinite(c[mask])))
-    if bad:
-        raise ValueError(
-            f"estimator {est.name!r}: mapping {est.mapping.name!r} returned non-finite "
-            f"coefficients (NaN/inf) on {bad} tokens of the support"
-        )
+    check_finite_coefficients(est, c, mask, "tokens of the support")
     per_token = c * _atom_weights(est, atoms, mask, old_lr)  # c_t·a_t, (M, T)
     first = env.accumulate(atoms.actions, per_token * atoms.adv_first[:, None])  # E h, (D,)
     if params == "tied":
@@ -136,6 +131,17 @@ def _atom_weights(est, atoms, mask, old_lr) -> np.ndarray:
         atoms.advantage_sign[:, None],
         None if old_lr is None else old_lr[:, None, :],
     )[:, 0, :]
+
+
+def check_finite_coefficients(est: Estimator, c: np.ndarray, mask: np.ndarray, where: str) -> None:
+    """``ValueError`` naming the estimator and its mapping when the coefficients ``c`` are NaN or
+    inf on a valid token (``mask``), with the count of such tokens and ``where`` they are."""
+    bad = int(np.count_nonzero(~np.isfinite(c[mask])))
+    if bad:
+        raise ValueError(
+            f"estimator {est.name!r}: mapping {est.mapping.name!r} returned non-finite "
+            f"coefficients (NaN/inf) on {bad} {where}"
+        )
 
 
 def oracle_baseline(env, mu, estimator) -> float:

@@ -17,7 +17,7 @@ import numpy as np
 
 from simkit import reliability
 from simkit.estimators import ORACLE_ADVANTAGES, Estimator, as_estimator
-from simkit.experiment.exact import oracle_baseline
+from simkit.experiment.exact import check_finite_coefficients, oracle_baseline
 from simkit.experiment.metrics import best_scale, cosine, snr
 
 
@@ -53,12 +53,7 @@ def sample_gradients(env, batch, estimator, old_log_ratio=None, rng=None) -> Mon
         rng=rng,
     )
     mask = np.asarray(batch.mask, dtype=bool)
-    bad = int(np.count_nonzero(~np.isfinite(c[mask])))
-    if bad:
-        raise ValueError(
-            f"estimator {est.name!r}: mapping {est.mapping.name!r} returned non-finite "
-            f"coefficients (NaN/inf) on {bad} of {int(mask.sum())} drawn tokens"
-        )
+    check_finite_coefficients(est, c, mask, f"of {int(mask.sum())} drawn tokens")
     states = getattr(batch, "states", None)  # token MDP batches carry them: no recomputation
     grads = (
         env.accumulate(batch.actions, lam)

@@ -1,4 +1,5 @@
-"""Argument checks shared by the torch layer (errors name the argument as the user wrote it)."""
+"""Argument checks shared by the torch layer (errors name the argument as the user wrote it);
+integers: :func:`simkit._validation.int_at_least`."""
 
 from __future__ import annotations
 
@@ -14,9 +15,3 @@ def finite(value, name: str) -> float:
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value!r}")
     return value
-
-
-def integer_at_least(value, name: str, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    return int(value)

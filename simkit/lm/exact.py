@@ -44,6 +44,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from simkit._validation import int_at_least
 from simkit.estimators import GROUP_ADVANTAGES
 from simkit.lm import scores as _scores
 from simkit.lm import study as _study
@@ -360,12 +361,6 @@ def _head_edge_scores(model, names, hidden, support, lp) -> torch.Tensor:
     return torch.cat(parts, dim=-1)
 
 
-def _int(value, name: str, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    return int(value)
-
-
 def tree(
     model: torch.nn.Module,
     prompt_ids,
@@ -406,13 +401,13 @@ def tree(
         :func:`memory_estimate` is checked before any forward pass (``MemoryError`` naming k, T
         and the bytes).
     """
-    k = _int(k, "k", 1)
-    T = _int(T, "T", 1)
-    batch_size = _int(batch_size, "batch_size", 1)
+    k = int_at_least(k, "k", 1)
+    T = int_at_least(T, "T", 1)
+    batch_size = int_at_least(batch_size, "batch_size", 1)
     if grad_method not in GRAD_METHODS:
         raise ValueError(f"grad_method must be one of {GRAD_METHODS}, got {grad_method!r}")
     if eos_token_id is not None:
-        eos_token_id = _int(eos_token_id, "eos_token_id", 0)
+        eos_token_id = int_at_least(eos_token_id, "eos_token_id", 0)
     prompt = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1)
     if prompt.numel() == 0:
         raise ValueError("prompt_ids is empty")

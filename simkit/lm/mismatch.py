@@ -49,8 +49,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from simkit._validation import int_at_least
 from simkit.lm._checks import finite as _finite
-from simkit.lm._checks import integer_at_least as _integer
 from simkit.lm.behaviour import Behaviour
 from simkit.lm.sampling import _draw, _seed_of
 from simkit.lm.scores import select_parameters
@@ -298,7 +298,7 @@ class WeightNoise(_Generator):
         if sigma < 0:
             raise ValueError(f"weight_noise sigma must be >= 0, got {sigma}")
         object.__setattr__(self, "sigma", sigma)
-        _integer(self.seed, "weight_noise seed", 0)
+        int_at_least(self.seed, "weight_noise seed", 0)
         if not isinstance(self.relative, bool):
             raise ValueError(f"weight_noise relative must be True or False, got {self.relative!r}")
 
@@ -341,7 +341,7 @@ class Staleness(_Generator):
     def __post_init__(self):
         from simkit.lm import losses
 
-        _integer(self.steps, "staleness steps", 0)
+        int_at_least(self.steps, "staleness steps", 0)
         lr = _finite(self.lr, "staleness lr")
         if lr <= 0:
             raise ValueError(f"staleness lr must be > 0, got {lr}")
@@ -350,15 +350,15 @@ class Staleness(_Generator):
             raise ValueError(
                 f"staleness optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}"
             )
-        _integer(self.batch_size, "staleness batch_size", 1)
+        int_at_least(self.batch_size, "staleness batch_size", 1)
         if self.loss not in losses.available():
             raise ValueError(
                 f"staleness loss {self.loss!r} is not a policy loss; available: "
                 f"{', '.join(losses.available())}"
             )
         if self.max_new_tokens is not None:
-            _integer(self.max_new_tokens, "staleness max_new_tokens", 1)
-        _integer(self.seed, "staleness seed", 0)
+            int_at_least(self.max_new_tokens, "staleness max_new_tokens", 1)
+        int_at_least(self.seed, "staleness seed", 0)
 
     def prepare(
         self, model, *, task=None, tokenizer=None, eos_token_id=None, max_new_tokens=None
@@ -685,9 +685,9 @@ def measure(
     tokens to prompts drawn uniformly from ``task``, sampled from μ with a generator seeded
     from ``seed``; ``rows_per_call`` responses per model call.
     """
-    n = _integer(n, "n", 1)
-    T = _integer(max_new_tokens, "max_new_tokens", 1)
-    rows_per_call = _integer(rows_per_call, "rows_per_call", 1)
+    n = int_at_least(n, "n", 1)
+    T = int_at_least(max_new_tokens, "max_new_tokens", 1)
+    rows_per_call = int_at_least(rows_per_call, "rows_per_call", 1)
     behaviour = coerce(behaviour)
     pi, mu = prepare_pair(behaviour, model, task, tokenizer, eos_token_id, T)
     prompts = task.prompt_ids(tokenizer)

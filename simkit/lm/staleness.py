@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from simkit.lm._checks import integer_at_least as _integer
+from simkit._validation import int_at_least
 from simkit.lm.behaviour import Behaviour
 from simkit.lm.sampling import _seed_of, response_log_probs, sample_group
 from simkit.lm.scores import select_parameters
@@ -50,8 +50,8 @@ def rollout_batch(
 ) -> RolloutBatch:
     """``n`` responses of ``max_new_tokens`` tokens sampled from ``model`` (μ) for prompts
     drawn uniformly from ``task``; prompts and tokens from one ``SeedSequence(seed)``."""
-    n = _integer(n, "n", 1)
-    T = _integer(max_new_tokens, "max_new_tokens", 1)
+    n = int_at_least(n, "n", 1)
+    T = int_at_least(max_new_tokens, "max_new_tokens", 1)
     device = next(model.parameters()).device
     prompts = task.prompt_ids(tokenizer)
     ss_prompt, ss_sample = np.random.SeedSequence(seed).spawn(2)
@@ -97,8 +97,8 @@ def stale_target(
     """
     from simkit.lm import losses
 
-    steps = _integer(steps, "steps", 1)
-    B = _integer(batch_size, "batch_size", 1)
+    steps = int_at_least(steps, "steps", 1)
+    B = int_at_least(batch_size, "batch_size", 1)
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
     device = next(model.parameters()).device

@@ -65,9 +65,9 @@ import pandas as pd
 import torch
 
 from simkit import mappings as _mappings
+from simkit._validation import int_at_least
 from simkit.estimators import Estimator, as_estimator, as_estimators
 from simkit.experiment.table import DIVERGENCE_COLUMNS, ESTIMATOR_COLUMNS, METRIC_COLUMNS, describe
-from simkit.lm._checks import integer_at_least
 from simkit.lm.behaviour import Behaviour
 from simkit.lm.metrics import _resample_weights, gradient_metrics
 from simkit.lm.mismatch import prepare_pair
@@ -309,14 +309,14 @@ def gradient_study(
         several behaviours compared against one ∇̂J.
     """
     ests = as_estimators(estimators)
-    n = integer_at_least(n, "n", 1)
-    reps = integer_at_least(reps, "reps", 2)
-    n_ref = integer_at_least(n_ref, "n_ref", 2)
-    n_pilot = integer_at_least(n_pilot, "n_pilot", 1)
-    T = integer_at_least(max_new_tokens, "max_new_tokens", 1)
-    G = integer_at_least(group_size, "group_size", 1)
-    n_boot = integer_at_least(n_boot, "n_boot", 10)
-    rows_per_call = integer_at_least(rows_per_call, "rows_per_call", 1)
+    n = int_at_least(n, "n", 1)
+    reps = int_at_least(reps, "reps", 2)
+    n_ref = int_at_least(n_ref, "n_ref", 2)
+    n_pilot = int_at_least(n_pilot, "n_pilot", 1)
+    T = int_at_least(max_new_tokens, "max_new_tokens", 1)
+    G = int_at_least(group_size, "group_size", 1)
+    n_boot = int_at_least(n_boot, "n_boot", 10)
+    rows_per_call = int_at_least(rows_per_call, "rows_per_call", 1)
     if n % G:
         raise ValueError(f"n = {n} must be a multiple of group_size = {G}")
     for est in ests:

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simkit._validation import positive_int
+
 #: task name -> class (see :func:`get_task`)
 TASKS: dict[str, type] = {}
 _INTEGER = re.compile(r"[-+]?\d+")
@@ -126,12 +128,6 @@ def _register(cls):
     return cls
 
 
-def _positive(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
 # --- tasks -----------------------------------------------------------------------------------
 
 
@@ -154,9 +150,9 @@ class TokenTask:
     name = "token"
 
     def __post_init__(self):
-        _positive(self.vocab_size, "vocab_size")
-        _positive(self.n_prompts, "n_prompts")
-        _positive(self.prompt_length, "prompt_length")
+        positive_int(self.vocab_size, "vocab_size")
+        positive_int(self.n_prompts, "n_prompts")
+        positive_int(self.prompt_length, "prompt_length")
         if not 0 <= self.target < self.vocab_size:
             raise ValueError(f"target must be a token in [0, {self.vocab_size}), got {self.target}")
         if self.kind not in ("presence", "fraction"):
@@ -188,8 +184,8 @@ class ArithmeticTask:
     name = "arithmetic"
 
     def __post_init__(self):
-        _positive(self.n_prompts, "n_prompts")
-        _positive(self.max_operand, "max_operand")
+        positive_int(self.n_prompts, "n_prompts")
+        positive_int(self.max_operand, "max_operand")
 
     def questions(self) -> list[tuple[str, int]]:
         """(question, expected answer) pairs."""
@@ -232,7 +228,7 @@ class KeywordTask:
     name = "keyword"
 
     def __post_init__(self):
-        _positive(self.n_prompts, "n_prompts")
+        positive_int(self.n_prompts, "n_prompts")
         if self.n_prompts > len(KEYWORD_QUESTIONS):
             raise ValueError(f"n_prompts must be <= {len(KEYWORD_QUESTIONS)}, got {self.n_prompts}")
 

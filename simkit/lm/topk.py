@@ -16,8 +16,8 @@ from contextlib import contextmanager
 
 import torch
 
+from simkit._validation import int_at_least
 from simkit.lm import study as _study
-from simkit.lm._checks import integer_at_least
 from simkit.lm.exact import _head_edge_scores, _support_log_probs
 from simkit.lm.scores import normed_head_inputs
 
@@ -43,7 +43,7 @@ class TopK(torch.nn.Module):
         self.model = lm.model
         self.lm_head = lm.lm_head
         self.config = lm.config
-        self.k = integer_at_least(k, "k", 1)
+        self.k = int_at_least(k, "k", 1)
         self._kw = models._cache_keyword(lm.model)
 
     def forward(

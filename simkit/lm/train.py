@@ -35,8 +35,9 @@ its standard error (sd/√n, ddof = 1).
 **Reproducibility and resume**: all randomness comes from ``seed`` (the rollout generator
 ``torch.Generator(device=d).manual_seed(seed)`` on the model's device d; evaluation generators
 from (seed, step), on d too); with ``out_dir`` a checkpoint (weights, optimizer state, lagged
-versions, generator state, the table so far) is written atomically after every rollout, and
-the same call resumes from it, giving the table of an uninterrupted run.
+versions, generator state, the table so far) is written atomically after every rollout
+(:func:`simkit.shards.atomic_write`), and the same call resumes from it, giving the table of an
+uninterrupted run.
 
 **Devices**: the run lives where the model's parameters live (move the model first, e.g.
 ``tiny_llama(device="cuda")``): sampling, log-probabilities, losses and updates run there, the
@@ -49,12 +50,10 @@ table. GPU timings are not recorded yet (no GPU was lent to this project; see
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
-import os
-import uuid
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -62,8 +61,10 @@ import pandas as pd
 import torch
 
 from simkit import estimators
+from simkit._validation import int_at_least
 from simkit.lm import losses, models
 from simkit.lm.tasks import TokenTask
+from simkit.shards import atomic_write
 
 __all__ = ["COLUMNS", "LMTrainConfig", "train_lm"]
 
@@ -132,9 +133,8 @@ class LMTrainConfig:
             ("eval_every", 1),
             ("eval_samples", 2),
         ):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise ValueError(f"LMTrainConfig.{name} must be an integer >= {low}, got {v!r}")
+            value = int_at_least(getattr(self, name), f"LMTrainConfig.{name}", low)
+            object.__setattr__(self, name, value)
         if self.minibatch_size % self.group_size:
             raise ValueError(
                 f"LMTrainConfig.minibatch_size = {self.minibatch_size} must be a multiple of "
@@ -180,17 +180,6 @@ def _engine(cfg: LMTrainConfig):
         return torch.log_softmax(z / cfg.temperature, dim=-1)
 
     return processor
-
-
-def _atomic_save(obj, path: Path) -> None:
-    tmp = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex[:12]}")
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
 
 
 def _log_probs(model, ids, attn, resp, processor=None):
@@ -325,17 +314,15 @@ def train_lm(model, config: LMTrainConfig, seed: int = 0, *, out_dir=None, stop_
             )
             step += 1
         if out is not None:
-            _atomic_save(
-                dict(
-                    config=asdict(config),
-                    seed=seed,
-                    model=model.state_dict(),
-                    opt=opt.state_dict(),
-                    versions=versions,
-                    rows=rows,
-                    step=step,
-                    gen=gen.get_state(),
-                ),
-                out / _CHECKPOINT,
+            checkpoint = dict(
+                config=asdict(config),
+                seed=seed,
+                model=model.state_dict(),
+                opt=opt.state_dict(),
+                versions=versions,
+                rows=rows,
+                step=step,
+                gen=gen.get_state(),
             )
+            atomic_write(out / _CHECKPOINT, partial(torch.save, checkpoint))  # torch.save(obj, fh)
     return pd.DataFrame(rows, columns=list(COLUMNS))

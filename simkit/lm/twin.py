@@ -19,8 +19,8 @@ import pandas as pd
 
 from simkit import experiment as _experiment
 from simkit import shifts
+from simkit._validation import int_at_least
 from simkit.envs import TokenMDP
-from simkit.lm._checks import integer_at_least
 
 # --- comparison with the simulation ----------------------------------------------------------
 
@@ -88,7 +88,7 @@ def simulation_twin(
     chi2 = np.where(np.isnan(chi2), 0.0, chi2)
     if not 0 < J < 1:
         raise ValueError(f"J must be in (0, 1) to carry a gradient, got {J}")
-    V = integer_at_least(V, "V", 2)
+    V = int_at_least(V, "V", 2)
     T = chi2.size
     h = None
     if running is not None:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simkit import shifts
+from simkit._validation import int_at_least
 
 __all__ = [
     "PRECISIONS",
@@ -159,10 +160,8 @@ class Mismatch:
             raise ValueError(
                 f"Mismatch.precision must be None or one of {PRECISIONS}, got {self.precision!r}"
             )
-        tokens = self.spike_tokens
-        if isinstance(tokens, bool) or not isinstance(tokens, int | np.integer) or tokens < 1:
-            raise ValueError(f"Mismatch.spike_tokens must be an integer >= 1, got {tokens!r}")
-        object.__setattr__(self, "spike_tokens", int(tokens))
+        tokens = int_at_least(self.spike_tokens, "Mismatch.spike_tokens", 1)
+        object.__setattr__(self, "spike_tokens", tokens)
 
     @property
     def none(self) -> bool:
