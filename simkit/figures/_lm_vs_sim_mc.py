@@ -41,7 +41,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from simkit import mappings
 from simkit.figures import _common, lm_vs_sim, style
 
 NAME = "lm_vs_sim_mc"
@@ -170,7 +169,7 @@ def compute(cfg: Config) -> Data:
     from simkit.lm import mismatch
 
     model, tokenizer, task, eos = load(cfg)
-    names = list(cfg.mapping_names) if cfg.mapping_names is not None else mappings.available()
+    names = _common.chosen_mappings(cfg.mapping_names)
     ests = X.default_estimators(names, aggregation=cfg.aggregation)
     references: dict[str, object] = {}
     comparisons, agreements, profiles, lm_tables, sim_tables = [], [], [], [], []

@@ -239,7 +239,7 @@ def estimators(cfg: Config, advantage: str = "oracle_pi"):
     LM study's baseline is its pilot estimate of J(π))."""
     from simkit.estimators import Estimator
 
-    names = list(cfg.mapping_names) if cfg.mapping_names is not None else mappings.available()
+    names = _common.chosen_mappings(cfg.mapping_names)
     return [Estimator(m, aggregation=cfg.aggregation, advantage=advantage, name=m) for m in names]
 
 

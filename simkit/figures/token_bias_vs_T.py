@@ -53,7 +53,6 @@ import pandas as pd
 
 from simkit import experiment, mappings, theory
 from simkit.envs import TokenMDP, exact_token_level_mean
-from simkit.estimators import Estimator
 from simkit.figures import _common, style
 from simkit.figures.mse_vs_T import dialed_behaviour
 
@@ -140,10 +139,7 @@ def build_env(cfg: Config, kind: str, T: int) -> TokenMDP:
 
 def _enumerated_biases(env, mu, params: str = "untied") -> dict[str, float]:
     """Bias of every mapping of :data:`MAPPINGS` by enumeration (``experiment.run`` exact)."""
-    ests = [
-        Estimator(mappings.get(n), aggregation="seq-mean-token-sum", advantage="oracle", name=n)
-        for n in MAPPINGS
-    ]
+    ests = _common.oracle_estimators(MAPPINGS)
     frame = experiment.run(env, mu, ests, n=1, reps=2, exact=True, progress=False, params=params)
     return dict(zip(frame.mapping, frame.bias, strict=True))
 
