@@ -34,7 +34,7 @@ import pandas as pd
 from simkit.config import TrainSweepConfig
 from simkit.envs.token_mdp import TokenMDP
 from simkit.figures import _common
-from simkit.figures.staleness_curves import split_figure
+from simkit.figures.staleness_curves import split_figure, training_sweep
 from simkit.train import TrainConfig, train
 from simkit.train.analysis import (
     COLLAPSE_FRACTION,
@@ -51,7 +51,6 @@ from simkit.train.recipes import (
     RECIPES,
     composed_available,
     recipe,
-    recipe_entry,
     recipe_label,
 )
 
@@ -158,18 +157,14 @@ def sweep_config(cfg: Config) -> TrainSweepConfig:
     size): :func:`usable_recipes` × the two sub-grids of :func:`cells` (``[[grids]]``: lr × lag
     at N_fixed, N × lag at lr_fixed) × seeds, every run the :func:`_run` of the figure (same
     environment, TrainConfig and seed)."""
-    d = {
-        "kind": "train",
-        "name": NAME,
-        "steps": cfg.steps,
-        "minibatch_size": cfg.minibatch_size,
-        "minibatches": list(cfg.Ns),
-        "lag": list(cfg.lags),
-        "lr": list(cfg.lrs),
-        "optimizer": "adam",
-        "record_every": cfg.record_every,
-        "seeds": list(cfg.seeds),
-        "environment": {
+    return training_sweep(
+        cfg,
+        NAME,
+        usable_recipes(cfg),
+        minibatches=list(cfg.Ns),
+        lag=list(cfg.lags),
+        lr=list(cfg.lrs),
+        environment={
             "kind": "token_mdp",
             "constructor": "at_least_k",
             "V": cfg.V,
@@ -177,15 +172,11 @@ def sweep_config(cfg: Config) -> TrainSweepConfig:
             "seed": cfg.env_seed,
             "kwargs": {"k": cfg.k},
         },
-        "estimators": [recipe_entry(r, cfg.group_size) for r in usable_recipes(cfg)],
-        "grids": [
+        grids=[
             {"lr": list(cfg.lrs), "lag": list(cfg.lags), "minibatches": [cfg.N_fixed]},
             {"minibatches": list(cfg.Ns), "lag": list(cfg.lags), "lr": [cfg.lr_fixed]},
         ],
-    }
-    if cfg.max_grad_norm is not None:
-        d["max_grad_norm"] = cfg.max_grad_norm
-    return TrainSweepConfig.from_dict(d)
+    )
 
 
 def usable_recipes(cfg: Config) -> tuple[str, ...]:

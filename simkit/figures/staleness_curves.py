@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -152,27 +153,43 @@ def environment_dict(cfg) -> dict:
     return d
 
 
-def sweep_config(cfg: Config, name: str = NAME) -> TrainSweepConfig:
-    """The training sweep of the figure (``configs/train_staleness_curves.toml`` at full size):
-    recipes × staleness N × seeds on ``environment_dict(cfg)``. ``collapse_map`` reuses it
-    (its Config has the same fields, with T swept) under its own ``name``."""
+def training_sweep(cfg, name: str, recipes=None, **tables) -> TrainSweepConfig:
+    """The training sweep of a training figure's ``cfg``: its schedule (``steps``,
+    ``minibatch_size``, Adam, ``record_every``, ``max_grad_norm`` unless None), ``seeds``,
+    one estimator per recipe of ``recipes`` (default ``cfg.recipes``) with GRPO groups of
+    ``cfg.group_size`` (:func:`simkit.train.recipes.recipe_entry`), and the keys in ``tables``
+    (``environment``, ``lr``, ``minibatches``, ``lag``, ``mismatch``, ``grids`` …), named
+    ``name``."""
     d = {
         "kind": "train",
         "name": name,
         "steps": cfg.steps,
         "minibatch_size": cfg.minibatch_size,
-        "minibatches": list(cfg.staleness),
-        "lr": cfg.lr,
-        "lag": [cfg.lag],
+        **tables,
         "optimizer": "adam",
         "record_every": cfg.record_every,
         "seeds": list(cfg.seeds),
-        "environment": environment_dict(cfg),
-        "estimators": [recipe_entry(r, cfg.group_size) for r in cfg.recipes],
+        "estimators": [
+            recipe_entry(r, cfg.group_size) for r in (cfg.recipes if recipes is None else recipes)
+        ],
     }
     if cfg.max_grad_norm is not None:
         d["max_grad_norm"] = cfg.max_grad_norm
     return TrainSweepConfig.from_dict(d)
+
+
+def sweep_config(cfg: Config, name: str = NAME) -> TrainSweepConfig:
+    """The training sweep of the figure (``configs/train_staleness_curves.toml`` at full size):
+    recipes × staleness N × seeds on ``environment_dict(cfg)``. ``collapse_map`` reuses it
+    (its Config has the same fields, with T swept) under its own ``name``."""
+    return training_sweep(
+        cfg,
+        name,
+        minibatches=list(cfg.staleness),
+        lr=cfg.lr,
+        lag=[cfg.lag],
+        environment=environment_dict(cfg),
+    )
 
 
 def run_grid(sweep: TrainSweepConfig, workers: int | None = None) -> pd.DataFrame:
@@ -349,30 +366,48 @@ class Data:
     notes: tuple[str, ...]
 
 
+class CurveGrid(NamedTuple):
+    """A learning-curve figure's grid, run and summarised (:func:`run_curves`): the fields its
+    :class:`Data` shares with :class:`simkit.figures.mismatch_curves.Data`."""
+
+    table: pd.DataFrame
+    curves: pd.DataFrame
+    runs: pd.DataFrame
+    summary: pd.DataFrame
+    J_star: float
+    J_start: float
+
+
+def run_curves(sweep: TrainSweepConfig, T: int, by, workers: int | None = None) -> CurveGrid:
+    """Run ``sweep`` (:func:`run_grid`; one length ``T``) and summarise it over the columns
+    ``by`` (e.g. ``["recipe", "N"]``): the recorded curves with their bands over seeds
+    (:func:`~simkit.train.analysis.band`), one row per run
+    (:func:`~simkit.train.analysis.run_summary`), one per group (:func:`summarize`), and J*
+    and J(π₀) of the environment (exact)."""
+    table = run_grid(sweep, workers)
+    env = sweep.environment.build(T)
+    runs = run_summary(table, [*by, "seed"])
+    return CurveGrid(
+        table=table,
+        curves=band(table, list(by)),
+        runs=runs,
+        summary=summarize(runs, by),
+        J_star=optimal_J(env),
+        J_start=env.J(),
+    )
+
+
 def compute(cfg: Config, workers: int | None = None) -> Data:
     sweep = sweep_config(cfg)
-    table = run_grid(sweep, workers)
-    env = sweep.environment.build(cfg.T)
-    J_star, J_start = optimal_J(env), env.J()
-    runs = run_summary(table, ["recipe", "N", "seed"])
-    summary = summarize(runs, ["recipe", "N"])
+    grid = run_curves(sweep, cfg.T, ["recipe", "N"], workers)
     notes = (
-        environment_note(sweep, J_start, J_star),
+        environment_note(sweep, grid.J_start, grid.J_star),
         schedule_note(sweep),
         FINAL_J_NOTE,
-        drift_note(runs, lambda row: f"at N = {row['N']}"),
-        *paper_verdict(summary),
+        drift_note(grid.runs, lambda row: f"at N = {row['N']}"),
+        *paper_verdict(grid.summary),
     )
-    return Data(
-        config=cfg,
-        table=table,
-        curves=band(table, ["recipe", "N"]),
-        runs=runs,
-        summary=summary,
-        J_star=J_star,
-        J_start=J_start,
-        notes=notes,
-    )
+    return Data(config=cfg, notes=notes, **grid._asdict())
 
 
 def recipe_style(recipe: str, **overrides) -> dict:
