@@ -111,18 +111,8 @@ def sweep_config(cfg: Config) -> TrainSweepConfig:
 
 def cell_grid(runs: pd.DataFrame) -> pd.DataFrame:
     """Per (recipe, N, T): mean ± SE over seeds of the normalised gain and of J_final, and
-    the number of collapsed runs."""
-    g = runs.groupby(["recipe", "N", "T"], sort=False)
-    out = g.agg(
-        gain=("gain", "mean"),
-        gain_sd=("gain", "std"),
-        J_final=("J_final", "mean"),
-        collapsed=("collapsed", "sum"),
-        runs=("gain", "size"),
-    ).reset_index()
-    out["gain_se"] = out.pop("gain_sd") / np.sqrt(out["runs"])
-    out["collapsed"] = out["collapsed"].astype(int)
-    return out
+    the number of collapsed runs (:func:`simkit.figures.staleness_curves.seed_means`)."""
+    return staleness_curves.seed_means(runs, ["recipe", "N", "T"], ("gain",), ("J_final",))
 
 
 def paper_verdict(grid: pd.DataFrame) -> list[str]:

@@ -24,7 +24,6 @@ Cost: ``benchmarks/bench_train.py`` measures the steps/s of a cell and estimates
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
@@ -34,7 +33,7 @@ import pandas as pd
 from simkit.config import TrainSweepConfig
 from simkit.envs.token_mdp import TokenMDP
 from simkit.figures import _common
-from simkit.figures.staleness_curves import split_figure, training_sweep
+from simkit.figures.staleness_curves import pool_size, split_figure, training_sweep
 from simkit.train import TrainConfig, train
 from simkit.train.analysis import (
     COLLAPSE_FRACTION,
@@ -84,8 +83,6 @@ LABEL_SHORT = {
     "divergence": "div",
     "ok": "ok",
 }
-#: a grid with at least this many steps in total runs on a process pool
-PARALLEL_STEPS = 20_000
 
 
 @dataclass(frozen=True)
@@ -212,16 +209,18 @@ def _run(args) -> pd.DataFrame:
 
 def run_grid(cfg: Config, workers: int | None = None) -> pd.DataFrame:
     """The recorded rows of every run (recipes × :func:`cells` × seeds), identical serially or
-    on a pool of ``workers`` processes (default: every core, for ≥ PARALLEL_STEPS steps)."""
+    on a pool of ``workers`` processes (default: every core, for a grid of at least
+    :data:`simkit.figures.staleness_curves.PARALLEL_STEPS` steps:
+    :func:`~simkit.figures.staleness_curves.pool_size`)."""
     jobs = [
         (cfg, r, N, lag, lr, seed)
         for r in usable_recipes(cfg)
         for N, lag, lr in cells(cfg)
         for seed in cfg.seeds
     ]
-    n = workers or os.cpu_count() or 1
-    if n > 1 and len(jobs) > 1 and len(jobs) * cfg.steps >= PARALLEL_STEPS:
-        with ProcessPoolExecutor(max_workers=min(n, len(jobs))) as pool:
+    n = pool_size(len(jobs), cfg.steps, workers)
+    if n:
+        with ProcessPoolExecutor(max_workers=n) as pool:
             frames = list(pool.map(_run, jobs, chunksize=1))
     else:
         frames = [_run(job) for job in jobs]

@@ -202,7 +202,7 @@ def compute(cfg: Config, workers: int | None = None) -> Data:
     order = tuple(m.label for m in cfg.mismatches)
     spikes = [m for m in cfg.mismatches if m.spike_prob > 0 and m.spike_strength > 0]
     notes = [
-        environment_note(sweep, grid.J_start, grid.J_star),
+        environment_note(sweep, grid["J_start"], grid["J_star"]),
         schedule_note(sweep) + f" Staleness N = {cfg.minibatches}, no lag.",
         "Mismatch: μ = softmax of the trainer's logits + N(0, σ²) noise, rounded to bf16 "
         "(8 significant bits, round to nearest even), then toxic-tail spikes (per state and "
@@ -214,10 +214,10 @@ def compute(cfg: Config, workers: int | None = None) -> Data:
             else "."
         ),
         FINAL_J_NOTE,
-        drift_note(grid.runs, lambda row: f"under {row['mismatch']}"),
-        *paper_verdict(grid.summary, list(order)),
+        drift_note(grid["runs"], lambda row: f"under {row['mismatch']}"),
+        *paper_verdict(grid["summary"], list(order)),
     ]
-    return Data(config=cfg, mismatch_order=order, notes=tuple(notes), **grid._asdict())
+    return Data(config=cfg, mismatch_order=order, notes=tuple(notes), **grid)
 
 
 def draw(data: Data):

@@ -33,7 +33,6 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -192,19 +191,25 @@ def sweep_config(cfg: Config, name: str = NAME) -> TrainSweepConfig:
     )
 
 
+def pool_size(runs: int, steps: int, workers: int | None = None) -> int | None:
+    """How many worker processes a training figure's grid of ``runs`` runs of ``steps`` steps
+    each runs on: ``workers`` (default: every core), at most one per run, when the grid has
+    at least :data:`PARALLEL_STEPS` steps in total and more than one run and one worker;
+    else None (serial)."""
+    n = workers or os.cpu_count() or 1
+    if n > 1 and runs > 1 and runs * steps >= PARALLEL_STEPS:
+        return min(n, runs)
+    return None
+
+
 def run_grid(sweep: TrainSweepConfig, workers: int | None = None) -> pd.DataFrame:
     """Every run of ``sweep`` (:func:`simkit.sweep.run_config`), on a process pool of
     ``workers`` (default: every core) when the grid has at least :data:`PARALLEL_STEPS` steps
     in total, else serially — the table is identical either way. Adds the ``recipe`` column
     (:func:`simkit.train.recipes.recipe_of`, None for a non-recipe estimator)."""
-    runs = sum(1 for _ in sweep.runs())
-    n = workers or os.cpu_count() or 1
-    parallel = n > 1 and runs > 1 and runs * sweep.steps >= PARALLEL_STEPS
+    pool = pool_size(sum(1 for _ in sweep.runs()), sweep.steps, workers)
     table = run_config(
-        sweep,
-        progress=False,
-        backend="processes" if parallel else "serial",
-        workers=min(n, runs) if parallel else None,
+        sweep, progress=False, backend="processes" if pool else "serial", workers=pool
     )
     pairs = list(zip(table["mapping"], table["aggregation"], strict=True))
     lookup = {p: recipe_of(*p) for p in set(pairs)}
@@ -263,21 +268,28 @@ def drift_note(runs: pd.DataFrame, where) -> str:
     )
 
 
-def summarize(runs: pd.DataFrame, by) -> pd.DataFrame:
-    """Per group of ``by``: mean and SE over seeds of J_final and J_mean, collapsed runs."""
+def seed_means(runs: pd.DataFrame, by, with_se, means=()) -> pd.DataFrame:
+    """One row per group of ``by`` (in order of appearance) of the per-run table ``runs``:
+    the mean over seeds of every column of ``with_se`` and of ``means``, the number of
+    ``collapsed`` runs and of ``runs``, then ``<c>_se`` = sd/√runs for each c of ``with_se``
+    (NaN with one seed)."""
     g = runs.groupby(list(by), sort=False)
-    out = g.agg(
-        J_final=("J_final", "mean"),
-        J_final_sd=("J_final", "std"),
-        J_mean=("J_mean", "mean"),
-        J_mean_sd=("J_mean", "std"),
-        collapsed=("collapsed", "sum"),
-        runs=("J_final", "size"),
-    ).reset_index()
-    out["J_final_se"] = out.pop("J_final_sd") / np.sqrt(out["runs"])
-    out["J_mean_se"] = out.pop("J_mean_sd") / np.sqrt(out["runs"])
+    aggs = {}
+    for c in with_se:
+        aggs[c] = (c, "mean")
+        aggs[f"{c}_sd"] = (c, "std")
+    aggs.update({c: (c, "mean") for c in means})
+    out = g.agg(**aggs, collapsed=("collapsed", "sum"), runs=(with_se[0], "size")).reset_index()
+    for c in with_se:
+        out[f"{c}_se"] = out.pop(f"{c}_sd") / np.sqrt(out["runs"])
     out["collapsed"] = out["collapsed"].astype(int)
     return out
+
+
+def summarize(runs: pd.DataFrame, by) -> pd.DataFrame:
+    """Per group of ``by``: mean and SE over seeds of J_final and J_mean, collapsed runs
+    (:func:`seed_means`)."""
+    return seed_means(runs, by, ("J_final", "J_mean"))
 
 
 def ranking(summary: pd.DataFrame, column: str = "J_final") -> str:
@@ -366,48 +378,39 @@ class Data:
     notes: tuple[str, ...]
 
 
-class CurveGrid(NamedTuple):
-    """A learning-curve figure's grid, run and summarised (:func:`run_curves`): the fields its
-    :class:`Data` shares with :class:`simkit.figures.mismatch_curves.Data`."""
-
-    table: pd.DataFrame
-    curves: pd.DataFrame
-    runs: pd.DataFrame
-    summary: pd.DataFrame
-    J_star: float
-    J_start: float
-
-
-def run_curves(sweep: TrainSweepConfig, T: int, by, workers: int | None = None) -> CurveGrid:
+def run_curves(sweep: TrainSweepConfig, T: int, by, workers: int | None = None) -> dict:
     """Run ``sweep`` (:func:`run_grid`; one length ``T``) and summarise it over the columns
-    ``by`` (e.g. ``["recipe", "N"]``): the recorded curves with their bands over seeds
-    (:func:`~simkit.train.analysis.band`), one row per run
-    (:func:`~simkit.train.analysis.run_summary`), one per group (:func:`summarize`), and J*
-    and J(π₀) of the environment (exact)."""
+    ``by`` (e.g. ``["recipe", "N"]``). Returns the fields that a learning-curve figure's
+    ``Data`` (this module's, :class:`simkit.figures.mismatch_curves.Data`) takes from its runs:
+    ``table``; ``curves``, the recorded J with its band over seeds
+    (:func:`~simkit.train.analysis.band`); ``runs``, one row per run
+    (:func:`~simkit.train.analysis.run_summary`); ``summary``, one per group
+    (:func:`summarize`); ``J_star`` and ``J_start``, J* and J(π₀) of the environment
+    (exact)."""
     table = run_grid(sweep, workers)
     env = sweep.environment.build(T)
     runs = run_summary(table, [*by, "seed"])
-    return CurveGrid(
-        table=table,
-        curves=band(table, list(by)),
-        runs=runs,
-        summary=summarize(runs, by),
-        J_star=optimal_J(env),
-        J_start=env.J(),
-    )
+    return {
+        "table": table,
+        "curves": band(table, list(by)),
+        "runs": runs,
+        "summary": summarize(runs, by),
+        "J_star": optimal_J(env),
+        "J_start": env.J(),
+    }
 
 
 def compute(cfg: Config, workers: int | None = None) -> Data:
     sweep = sweep_config(cfg)
     grid = run_curves(sweep, cfg.T, ["recipe", "N"], workers)
     notes = (
-        environment_note(sweep, grid.J_start, grid.J_star),
+        environment_note(sweep, grid["J_start"], grid["J_star"]),
         schedule_note(sweep),
         FINAL_J_NOTE,
-        drift_note(grid.runs, lambda row: f"at N = {row['N']}"),
-        *paper_verdict(grid.summary),
+        drift_note(grid["runs"], lambda row: f"at N = {row['N']}"),
+        *paper_verdict(grid["summary"]),
     )
-    return Data(config=cfg, notes=notes, **grid._asdict())
+    return Data(config=cfg, notes=notes, **grid)
 
 
 def recipe_style(recipe: str, **overrides) -> dict:
