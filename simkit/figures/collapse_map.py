@@ -118,10 +118,8 @@ def cell_grid(runs: pd.DataFrame) -> pd.DataFrame:
 def paper_verdict(grid: pd.DataFrame) -> list[str]:
     """Lines: ranking in the hardest cell, collapsed cells, VESPO's claim as measured."""
     N_max, T_max = int(grid["N"].max()), int(grid["T"].max())
-    hard = grid[(grid["N"] == N_max) & (grid["T"] == T_max)].sort_values("gain", ascending=False)
-    rank = " > ".join(
-        f"{recipe_label(r)} {g:.2f}" + (f" ± {s:.2f}" if np.isfinite(s) else "")
-        for r, g, s in zip(hard["recipe"], hard["gain"], hard["gain_se"], strict=True)
+    rank = staleness_curves.ranking(
+        grid[(grid["N"] == N_max) & (grid["T"] == T_max)], "gain", digits=2
     )
     lines = [f"Normalised final gain at N = {N_max}, T = {T_max} (mean ± SE): {rank}."]
     worst = grid.loc[grid.groupby("recipe", sort=False)["gain"].idxmin()]

@@ -292,11 +292,13 @@ def summarize(runs: pd.DataFrame, by) -> pd.DataFrame:
     return seed_means(runs, by, ("J_final", "J_mean"))
 
 
-def ranking(summary: pd.DataFrame, column: str = "J_final") -> str:
-    """``"A 0.99 ± 0.01 > B 0.95 ± 0.02 > …"`` (mean ± SE over seeds), best first."""
+def ranking(summary: pd.DataFrame, column: str = "J_final", digits: int = 3) -> str:
+    """``"A 0.990 ± 0.010 > B 0.950 ± 0.020 > …"``: the recipes of ``summary`` by ``column``
+    (mean over seeds) ± ``<column>_se`` (left out where not finite), best first, ``digits``
+    decimals."""
     rows = summary.sort_values(column, ascending=False)
     return " > ".join(
-        f"{recipe_label(r)} {m:.3f}" + (f" ± {s:.3f}" if np.isfinite(s) else "")
+        f"{recipe_label(r)} {m:.{digits}f}" + (f" ± {s:.{digits}f}" if np.isfinite(s) else "")
         for r, m, s in zip(rows["recipe"], rows[column], rows[f"{column}_se"], strict=True)
     )
 

@@ -364,22 +364,13 @@ def _draw_bias_panel(ax, data: pd.DataFrame, kind: str, anchor: int, floor, top)
                 label=f"{name}: 0 by theory (T beyond enumeration)",
             )
     ref = part_env[part_env.mapping == "is_token"].sort_values("T")
-    ax.plot(
-        ref["T"],
-        ref.grad_norm,
-        color="0.45",
-        linestyle=":",
-        linewidth=1.2,
-        label=r"$\|\nabla J\|$ (scale of the signal)",
-    )
-    ax.plot(
-        ref["T"],
-        ref.bound_shape,
-        color="0.35",
-        linestyle="--",
-        linewidth=1.0,
-        label="∝ T²·Δ_max (rl-collapse; shape only, matched at token IS's first bias)",
-    )
+    grad_label = r"$\|\nabla J\|$ (scale of the signal)"
+    bound_label = "∝ T²·Δ_max (rl-collapse; shape only, matched at token IS's first bias)"
+    for column, kwargs in (  # the two reference curves
+        ("grad_norm", dict(color="0.45", linestyle=":", linewidth=1.2, label=grad_label)),
+        ("bound_shape", dict(color="0.35", linestyle="--", linewidth=1.0, label=bound_label)),
+    ):
+        ax.plot(ref["T"], ref[column], **kwargs)
     _common.mark_floor(ax, floor)
     ax.set_xscale("log")
     ax.set_yscale("log")
