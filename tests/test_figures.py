@@ -512,3 +512,26 @@ def test_lm_figures_share_the_study_settings():
         }
     with pytest.raises(ValueError, match="reps must be an integer >= 2"):
         dataclasses.replace(_lm_vs_sim_mc.config(small=True), reps=1)
+
+
+def test_lm_staleness_passes_its_train_fields_by_name():
+    pytest.importorskip("torch")
+    from simkit.figures import lm_staleness_curves as lsc
+
+    cfg = lsc.config(small=True)
+    fields = lsc.train_fields(cfg)
+    assert sorted(fields) == sorted(
+        ["group_size", "steps", "minibatch_size", "lag", "lr", "response_length", "precision",
+         "temperature", "n_prompts", "eval_every", "eval_samples"]
+    )  # fmt: skip
+    tc = lsc.lm_config(cfg, "vespo", 4)
+    assert tc.minibatches == 4 and tc.mapping == "vespo"
+    assert all(getattr(tc, name) == value for name, value in fields.items())
+
+
+@pytest.mark.parametrize("module_name", ["staleness_curves", "collapse_map", "lm_staleness_curves"])
+def test_training_figures_reject_staleness_below_one(module_name):
+    """check_grid checks N >= 1 for every figure with a staleness axis (collapse_map too)."""
+    module = figures.figure_module(module_name)
+    with pytest.raises(ValueError, match=r"staleness values N must be >= 1, got \(0, 4\)"):
+        dataclasses.replace(module.config(small=True), staleness=(0, 4))

@@ -103,19 +103,20 @@ class Config:
 
     def __post_init__(self):
         check_grid(self.recipes, staleness=self.staleness, seeds=self.seeds)
-        if min(self.staleness) < 1:
-            raise ValueError(f"staleness values N must be >= 1, got {self.staleness}")
 
 
 def check_grid(recipes, **axes) -> None:
-    """Validate a training figure's grid: every recipe known (:data:`simkit.train.RECIPES`) and
-    ``recipes`` and every other axis (name=values) non-empty; shared by the training figures."""
+    """Validate a training figure's grid: every recipe known (:data:`simkit.train.RECIPES`),
+    ``recipes`` and every other axis (name=values) non-empty, and the ``staleness`` values N
+    (when given) ≥ 1; shared by the training figures."""
     unknown = [r for r in recipes if r not in RECIPES]
     if unknown:
         raise ValueError(f"unknown recipe(s) {unknown}; available: {', '.join(RECIPES)}")
     empty = [name for name, values in {"recipes": recipes, **axes}.items() if not values]
     if empty:
         raise ValueError(f"{', '.join(empty)} must be non-empty")
+    if "staleness" in axes and min(axes["staleness"]) < 1:
+        raise ValueError(f"staleness values N must be >= 1, got {axes['staleness']}")
 
 
 def config(small: bool = False) -> Config:
