@@ -15,6 +15,7 @@ import pytest
 from simkit import mappings
 from simkit.figures import (
     _claims,
+    _common,
     bandit_bias_variance,
     bias_variance_frontier,
     ess_khat_vs_T,
@@ -187,7 +188,7 @@ def test_bandit_zero_fraction_is_exact():
     from simkit import shifts
 
     mu = shifts.dial(env.pi, 3.0, divergence="chi2", family="logit_noise")
-    est = bandit_bias_variance.estimators(["mis_seq", "gspo"])
+    est = _common.oracle_estimators(["mis_seq", "gspo"])
     zero, outside = bandit_bias_variance.zero_fractions(env, mu, est)
     m = est[0].mapping
     r = env.pi / mu

@@ -32,6 +32,7 @@ from simkit import experiment, mappings
 from simkit.config import SweepConfig
 from simkit.figures import (
     FIGURES,
+    _common,
     bandit_bias_variance,
     bias_variance_frontier,
     collapse_map,
@@ -134,7 +135,7 @@ def bias_variance_frontier_dict(d: dict, cfg: bias_variance_frontier.Config) -> 
 
 
 def _mse_vs_T_dict(d: dict, cfg: mse_vs_T.Config, lengths, reps: int) -> dict:
-    names = cfg.mapping_names if cfg.mapping_names is not None else mse_vs_T.per_sample_mappings()
+    names = _common.chosen_mappings(cfg.mapping_names, _common.per_sample_mappings())
     d = copy.deepcopy(d)
     d.update(n=[cfg.n], reps=reps)
     if "n_boot" in d or reps == cfg.mc_reps:

@@ -136,6 +136,20 @@ def test_kernel_shapes_data():
             np.testing.assert_allclose(w[1:-1] * deriv, phi[1:-1], atol=5e-3)
 
 
+@pytest.mark.parametrize("module", [kernel_shapes, kernel_shapes_catalogue])
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"w_max": 1.0}, "w_max must be > 1 to show the ratio 1, got 1.0"),
+        ({"n_points": 2}, "n_points must be >= 3, got 2"),
+    ],
+)
+def test_kernel_shape_figures_check_their_ratio_grid_alike(module, bad, message):
+    """Both kernel-shape figures check w_max and n_points with _common.check_ratio_grid."""
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(module.config(small=True), **bad)
+
+
 def test_kernel_shapes_config_validation():
     with pytest.raises(ValueError, match="w_max"):
         kernel_shapes.Config(w_max=0.5)
@@ -387,3 +401,137 @@ def test_annotated_heatmap_writes_each_cell_and_labels_the_axes():
             vmax=1,
             fontsize=6,
         )
+
+
+# --- helpers the figure modules share ------------------------------------------------------------
+
+
+def test_chosen_mappings_and_oracle_estimators():
+    from simkit.figures import _common
+
+    assert _common.chosen_mappings(("naive", "vespo")) == ["naive", "vespo"]
+    assert _common.chosen_mappings(None) == mappings.available()
+    assert _common.chosen_mappings(None, ("is_seq",)) == ["is_seq"]
+    assert _common.chosen_mappings((), ("is_seq",)) == []  # an empty choice is kept, not replaced
+    per_sample = _common.per_sample_mappings()
+    assert "snis" in mappings.available() and "snis" not in per_sample
+    assert all(not mappings.mapping_class(n).batch_dependent for n in per_sample)
+    assert set(_common.SMALL_EXACT_MAPPINGS) <= set(per_sample)
+    ests = _common.oracle_estimators(["naive", "tis_seq"])
+    assert [e.name for e in ests] == ["naive", "tis_seq"]
+    assert [type(e.mapping) for e in ests] == [
+        type(mappings.get("naive")),
+        type(mappings.get("tis_seq")),
+    ]
+    assert {(e.aggregation, e.advantage) for e in ests} == {("seq-mean-token-sum", "oracle")}
+
+
+def test_seed_means_against_hand_computed_groups():
+    from simkit.figures.staleness_curves import seed_means, summarize
+
+    runs = pd.DataFrame(
+        {
+            "recipe": ["b", "b", "a", "a", "a"],
+            "N": [1, 1, 1, 1, 1],
+            "J_final": [0.2, 0.4, 1.0, 2.0, 6.0],
+            "J_mean": [0.1, 0.1, 0.0, 0.0, 3.0],
+            "collapsed": [True, False, False, False, True],
+        }
+    )
+    out = summarize(runs, ["recipe", "N"])
+    assert list(out.columns) == [
+        "recipe", "N", "J_final", "J_mean", "collapsed", "runs", "J_final_se", "J_mean_se"
+    ]  # fmt: skip
+    assert list(out.recipe) == ["b", "a"]  # order of appearance
+    np.testing.assert_allclose(out.J_final, [0.3, 3.0])
+    se_a = np.std([1.0, 2.0, 6.0], ddof=1) / np.sqrt(3)
+    np.testing.assert_allclose(out.J_final_se, [np.std([0.2, 0.4], ddof=1) / np.sqrt(2), se_a])
+    np.testing.assert_allclose(out.J_mean_se, [0.0, 1.0])  # a: J_mean 0, 0, 3: sd √3
+    assert out.collapsed.tolist() == [1, 1] and out.collapsed.dtype.kind == "i"
+    assert out.runs.tolist() == [2, 3]
+    one = seed_means(runs.iloc[:1], ["recipe"], ("J_final",), ("J_mean",))
+    assert list(one.columns) == ["recipe", "J_final", "J_mean", "collapsed", "runs", "J_final_se"]
+    assert np.isnan(one.J_final_se.iloc[0])  # one seed: no SE
+
+
+@pytest.mark.parametrize(
+    ("runs", "steps", "workers", "expected"),
+    [
+        (4, 5_000, 8, 4),  # 20 000 steps in total: a pool, one process per run
+        (4, 4_999, 8, None),  # one step short of PARALLEL_STEPS: serial
+        (100, 1_000, 3, 3),  # at most ``workers``
+        (1, 10**6, 8, None),  # one run: serial
+        (8, 10**6, 1, None),  # one worker: serial
+    ],
+)
+def test_pool_size_rule(runs, steps, workers, expected):
+    from simkit.figures.staleness_curves import PARALLEL_STEPS, pool_size
+
+    assert PARALLEL_STEPS == 20_000
+    assert pool_size(runs, steps, workers) == expected
+
+
+def test_training_sweep_takes_the_schedule_from_the_figure_config():
+    from simkit.figures import collapse_regimes, mismatch_curves, staleness_curves
+
+    for module in (staleness_curves, mismatch_curves, collapse_regimes):
+        cfg = module.config(small=True)
+        sweep = module.sweep_config(cfg)
+        assert (sweep.name, sweep.steps, sweep.minibatch_size) == (
+            module.NAME,
+            cfg.steps,
+            cfg.minibatch_size,
+        )
+        assert (sweep.optimizer, sweep.record_every, list(sweep.seeds)) == (
+            "adam",
+            cfg.record_every,
+            list(cfg.seeds),
+        )
+        assert sweep.max_grad_norm == cfg.max_grad_norm
+        assert len(sweep.estimators) == len(collapse_regimes.usable_recipes(cfg))
+    cfg = dataclasses.replace(staleness_curves.config(small=True), max_grad_norm=None)
+    assert staleness_curves.sweep_config(cfg).max_grad_norm is None
+
+
+def test_lm_figures_share_the_study_settings():
+    from simkit.figures import _lm_vs_sim_mc, lm_vs_sim
+
+    for module in (lm_vs_sim, _lm_vs_sim_mc):
+        cfg = module.config(small=True)
+        assert isinstance(cfg, lm_vs_sim.LMStudyConfig)
+        assert {k: getattr(cfg, k) for k in lm_vs_sim.SMALL_LM} == lm_vs_sim.SMALL_LM
+        sizes = lm_vs_sim.study_sizes(cfg)
+        assert sizes == {
+            "params": cfg.params,
+            "n": cfg.n,
+            "reps": cfg.reps,
+            "n_ref": cfg.n_ref,
+            "n_pilot": cfg.n_pilot,
+            "max_new_tokens": cfg.T,
+            "n_boot": cfg.n_boot,
+        }
+    with pytest.raises(ValueError, match="reps must be an integer >= 2"):
+        dataclasses.replace(_lm_vs_sim_mc.config(small=True), reps=1)
+
+
+def test_lm_staleness_passes_its_train_fields_by_name():
+    pytest.importorskip("torch")
+    from simkit.figures import lm_staleness_curves as lsc
+
+    cfg = lsc.config(small=True)
+    fields = lsc.train_fields(cfg)
+    assert sorted(fields) == sorted(
+        ["group_size", "steps", "minibatch_size", "lag", "lr", "response_length", "precision",
+         "temperature", "n_prompts", "eval_every", "eval_samples"]
+    )  # fmt: skip
+    tc = lsc.lm_config(cfg, "vespo", 4)
+    assert tc.minibatches == 4 and tc.mapping == "vespo"
+    assert all(getattr(tc, name) == value for name, value in fields.items())
+
+
+@pytest.mark.parametrize("module_name", ["staleness_curves", "collapse_map", "lm_staleness_curves"])
+def test_training_figures_reject_staleness_below_one(module_name):
+    """check_grid checks N >= 1 for every figure with a staleness axis (collapse_map too)."""
+    module = figures.figure_module(module_name)
+    with pytest.raises(ValueError, match=r"staleness values N must be >= 1, got \(0, 4\)"):
+        dataclasses.replace(module.config(small=True), staleness=(0, 4))

@@ -1,4 +1,5 @@
-"""Small drawing helpers shared by the figure modules (matplotlib only, no pyplot)."""
+"""What the figure modules share: small drawing helpers (matplotlib only, no pyplot), checks of
+their configurations and the mapping sets they draw."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.layout_engine import ConstrainedLayoutEngine
 from matplotlib.transforms import Bbox
+
+from simkit import mappings
+from simkit.estimators import Estimator
 
 #: symbols used in axis labels across figures
 CHI2 = r"$\chi^2(\pi\,\|\,\mu)$"
@@ -165,6 +169,46 @@ def check_token_grid(V: int, chi2_toks=None, **lengths) -> None:
     for name, values in lengths.items():
         if not values or min(values) < 1:
             raise ValueError(f"{name} must be positive integers, got {values}")
+
+
+def check_ratio_grid(w_max: float, n_points: int) -> None:
+    """Validate the ratio grid of a kernel-shape figure's Config: ``w_max`` > 1 (so that the
+    grid from 0 to ``w_max`` shows the ratio 1) and ``n_points`` ≥ 3. Raises ValueError naming
+    the field."""
+    if not w_max > 1:
+        raise ValueError(f"w_max must be > 1 to show the ratio 1, got {w_max}")
+    if n_points < 3:
+        raise ValueError(f"n_points must be >= 3, got {n_points}")
+
+
+#: the mappings of the small configurations of the exact token-level figures (``mse_vs_T``,
+#: ``same_kl_different_chi2``): one of each kind, every one with an exact per-sample path
+SMALL_EXACT_MAPPINGS = ("naive", "is_token", "is_seq", "ppo_clip", "tis_seq", "vespo")
+
+
+def per_sample_mappings() -> list[str]:
+    """Registered mappings with an exact per-sample path (not batch dependent)."""
+    return [n for n in mappings.available() if not mappings.mapping_class(n).batch_dependent]
+
+
+def chosen_mappings(names, default=None) -> list[str]:
+    """A figure's ``mapping_names`` setting as a list: ``names``, or when it is None the list
+    ``default`` (None: every registered mapping, :func:`simkit.mappings.available`)."""
+    if names is not None:
+        return list(names)
+    return mappings.available() if default is None else list(default)
+
+
+def oracle_estimators(names) -> list[Estimator]:
+    """One estimator per mapping name (its default hyperparameters), named by it:
+    seq-mean-token-sum aggregation, oracle advantage R − J(π) — the estimators of the exact
+    bandit and token-MDP figures."""
+    return [
+        Estimator(
+            mappings.get(name), aggregation="seq-mean-token-sum", advantage="oracle", name=name
+        )
+        for name in names
+    ]
 
 
 def finite_positive(values) -> np.ndarray:

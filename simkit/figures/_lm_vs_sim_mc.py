@@ -41,7 +41,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from simkit import mappings
 from simkit.figures import _common, lm_vs_sim, style
 
 NAME = "lm_vs_sim_mc"
@@ -66,46 +65,29 @@ CAPTION = (
     "ranks agree moderately (ρ ≈ 0.5)."
 )
 
-MODELS = ("tiny", "smollm2")
+MODELS = lm_vs_sim.MODELS
 METRICS = ("variance", "bias", "mse")
 
 
 @dataclass(frozen=True)
-class Config:
-    """Model, task, behaviours and sizes of the comparison.
-
-    ``model``: ``"tiny"`` (the random-init Llama of :func:`simkit.lm.models.tiny_llama`,
-    ``tiny_init_std``, seed ``seed``) or ``"smollm2"`` (:func:`simkit.lm.models.load_smollm2`).
-    ``task``: a :mod:`simkit.lm.tasks` name with ``task_kwargs`` (pairs); ``stop_at_eos``:
-    responses end at the tokenizer's EOS (SmolLM2; the twin then has an EOS token).
-    ``behaviours``: :func:`simkit.lm.mismatch.parse` specs. ``mapping_names``: None for every
-    mapping. ``params``: θ (:func:`simkit.lm.experiment.select_parameters`). ``T``: max
-    response length; ``n``, ``reps``, ``n_ref``, ``n_pilot``: study sizes; ``twin_V``,
-    ``twin_reps``: the twin's vocabulary and Monte Carlo batches; ``n_boot``: bootstrap
-    resamples.
+class Config(lm_vs_sim.LMStudyConfig):
+    """The LM study of the comparison (:class:`simkit.figures.lm_vs_sim.LMStudyConfig`: model,
+    task, behaviours, mappings, sizes) and its twin: ``twin_V``, ``twin_reps``: the twin's
+    vocabulary and Monte Carlo batches; ``shift_family``: how the twin's μ_t is dialled;
+    ``rows_per_call``: responses scored per forward pass. With ``stop_at_eos`` the twin has an
+    EOS token.
     """
 
-    model: str = "smollm2"
-    tiny_init_std: float = 1.0
-    task: str = "keyword"
     task_kwargs: tuple = (("n_prompts", 8),)
-    stop_at_eos: bool = True
-    behaviours: tuple[str, ...] = ("temperature:1.3", "temperature:0.8")
-    mapping_names: tuple[str, ...] | None = None
-    aggregation: str = "seq-mean-token-sum"
-    params: str = "norm"
     T: int = 12
-    n: int = 8
     reps: int = 32
     n_ref: int = 192
     n_pilot: int = 96
+    n_boot: int = 400
     twin_V: int = 4
     twin_reps: int = 400
     shift_family: str = "logit_noise"
-    n_boot: int = 400
     rows_per_call: int = 64
-    device: str = "cpu"
-    seed: int = 0
 
     def __post_init__(self):
         lm_vs_sim.check_config(
@@ -125,12 +107,9 @@ def config(small: bool = False) -> Config:
     tests use it)."""
     if small:
         return Config(
-            model="tiny",
-            task="token",
+            **lm_vs_sim.SMALL_LM,
             task_kwargs=(("vocab_size", 64), ("target", 58), ("n_prompts", 4)),
-            stop_at_eos=False,
             behaviours=("temperature:2.0",),
-            mapping_names=lm_vs_sim.SMALL_MAPPINGS,
             T=5,
             n=8,
             reps=100,
@@ -167,19 +146,15 @@ def relative_bounds(table: pd.DataFrame, reference: str = "naive") -> pd.DataFra
 
 def compute(cfg: Config) -> Data:
     from simkit.lm import experiment as X
-    from simkit.lm import mismatch
 
     model, tokenizer, task, eos = load(cfg)
-    names = list(cfg.mapping_names) if cfg.mapping_names is not None else mappings.available()
+    names = _common.chosen_mappings(cfg.mapping_names)
     ests = X.default_estimators(names, aggregation=cfg.aggregation)
     references: dict[str, object] = {}
     comparisons, agreements, profiles, lm_tables, sim_tables = [], [], [], [], []
     meta = {"model": cfg.model, "task": cfg.task, "T": cfg.T, "n": cfg.n, "reps": cfg.reps}
     for i, spec in enumerate(cfg.behaviours):
-        generator = mismatch.parse(spec)
-        pair = generator.prepare(
-            model, task=task, tokenizer=tokenizer, eos_token_id=eos, max_new_tokens=cfg.T
-        )
+        pair = lm_vs_sim.behaviour_pair(cfg, spec, model, task, tokenizer, eos)
         reference = references.get(X.model_fingerprint(pair.target))
         res = X.gradient_study(
             model,
@@ -187,16 +162,10 @@ def compute(cfg: Config) -> Data:
             ests,
             behaviour=pair,
             tokenizer=tokenizer,
-            params=cfg.params,
-            n=cfg.n,
-            reps=cfg.reps,
-            n_ref=cfg.n_ref,
-            n_pilot=cfg.n_pilot,
-            max_new_tokens=cfg.T,
             eos_token_id=eos,
             seed=cfg.seed + i,
-            n_boot=cfg.n_boot,
             rows_per_call=cfg.rows_per_call,
+            **lm_vs_sim.study_sizes(cfg),
             reference=reference,
             progress=False,
         )

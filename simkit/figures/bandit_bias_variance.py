@@ -32,9 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from simkit import experiment, mappings, shifts
+from simkit import experiment, shifts
 from simkit.envs import Bandit
-from simkit.estimators import Estimator
 from simkit.figures import _claims, _common, style
 from simkit.figures.staleness_curves import split_figure
 
@@ -101,20 +100,9 @@ def make_bandit(arms: int, seed: int) -> Bandit:
     return Bandit(logits=rng.normal(0.0, 1.0, arms), means=rng.uniform(0.05, 0.95, arms))
 
 
-def estimators(names) -> list[Estimator]:
-    """One estimator per mapping: defaults, seq-mean-token-sum aggregation, oracle advantage."""
-    return [
-        Estimator(
-            mappings.get(name), aggregation="seq-mean-token-sum", advantage="oracle", name=name
-        )
-        for name in names
-    ]
-
-
 def compute(cfg: Config) -> pd.DataFrame:
     env = make_bandit(cfg.arms, cfg.seed)
-    names = list(cfg.mapping_names) if cfg.mapping_names is not None else mappings.available()
-    ests = estimators(names)
+    ests = _common.oracle_estimators(_common.chosen_mappings(cfg.mapping_names))
     frames = []
     for target in cfg.chi2_grid:
         mu = shifts.dial(env.pi, float(target), divergence="chi2", family=cfg.shift_family)

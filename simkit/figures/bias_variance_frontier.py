@@ -126,11 +126,7 @@ def knob_estimators(small: bool) -> tuple[list[Estimator], list[dict]]:
             )
             meta.append({"mapping": name, "knob": symbol, "value": float(value)})
     for name in ENDPOINTS:
-        ests.append(
-            Estimator(
-                mappings.get(name), aggregation="seq-mean-token-sum", advantage="oracle", name=name
-            )
-        )
+        ests += _common.oracle_estimators([name])
         meta.append({"mapping": name, "knob": "", "value": np.nan})
     return ests, meta
 

@@ -111,27 +111,15 @@ def sweep_config(cfg: Config) -> TrainSweepConfig:
 
 def cell_grid(runs: pd.DataFrame) -> pd.DataFrame:
     """Per (recipe, N, T): mean ± SE over seeds of the normalised gain and of J_final, and
-    the number of collapsed runs."""
-    g = runs.groupby(["recipe", "N", "T"], sort=False)
-    out = g.agg(
-        gain=("gain", "mean"),
-        gain_sd=("gain", "std"),
-        J_final=("J_final", "mean"),
-        collapsed=("collapsed", "sum"),
-        runs=("gain", "size"),
-    ).reset_index()
-    out["gain_se"] = out.pop("gain_sd") / np.sqrt(out["runs"])
-    out["collapsed"] = out["collapsed"].astype(int)
-    return out
+    the number of collapsed runs (:func:`simkit.figures.staleness_curves.seed_means`)."""
+    return staleness_curves.seed_means(runs, ["recipe", "N", "T"], ("gain",), ("J_final",))
 
 
 def paper_verdict(grid: pd.DataFrame) -> list[str]:
     """Lines: ranking in the hardest cell, collapsed cells, VESPO's claim as measured."""
     N_max, T_max = int(grid["N"].max()), int(grid["T"].max())
-    hard = grid[(grid["N"] == N_max) & (grid["T"] == T_max)].sort_values("gain", ascending=False)
-    rank = " > ".join(
-        f"{recipe_label(r)} {g:.2f}" + (f" ± {s:.2f}" if np.isfinite(s) else "")
-        for r, g, s in zip(hard["recipe"], hard["gain"], hard["gain_se"], strict=True)
+    rank = staleness_curves.ranking(
+        grid[(grid["N"] == N_max) & (grid["T"] == T_max)], "gain", digits=2
     )
     lines = [f"Normalised final gain at N = {N_max}, T = {T_max} (mean ± SE): {rank}."]
     worst = grid.loc[grid.groupby("recipe", sort=False)["gain"].idxmin()]

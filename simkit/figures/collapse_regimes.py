@@ -24,7 +24,6 @@ Cost: ``benchmarks/bench_train.py`` measures the steps/s of a cell and estimates
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
@@ -34,7 +33,7 @@ import pandas as pd
 from simkit.config import TrainSweepConfig
 from simkit.envs.token_mdp import TokenMDP
 from simkit.figures import _common
-from simkit.figures.staleness_curves import split_figure
+from simkit.figures.staleness_curves import pool_size, split_figure, training_sweep
 from simkit.train import TrainConfig, train
 from simkit.train.analysis import (
     COLLAPSE_FRACTION,
@@ -51,7 +50,6 @@ from simkit.train.recipes import (
     RECIPES,
     composed_available,
     recipe,
-    recipe_entry,
     recipe_label,
 )
 
@@ -85,8 +83,6 @@ LABEL_SHORT = {
     "divergence": "div",
     "ok": "ok",
 }
-#: a grid with at least this many steps in total runs on a process pool
-PARALLEL_STEPS = 20_000
 
 
 @dataclass(frozen=True)
@@ -158,18 +154,14 @@ def sweep_config(cfg: Config) -> TrainSweepConfig:
     size): :func:`usable_recipes` × the two sub-grids of :func:`cells` (``[[grids]]``: lr × lag
     at N_fixed, N × lag at lr_fixed) × seeds, every run the :func:`_run` of the figure (same
     environment, TrainConfig and seed)."""
-    d = {
-        "kind": "train",
-        "name": NAME,
-        "steps": cfg.steps,
-        "minibatch_size": cfg.minibatch_size,
-        "minibatches": list(cfg.Ns),
-        "lag": list(cfg.lags),
-        "lr": list(cfg.lrs),
-        "optimizer": "adam",
-        "record_every": cfg.record_every,
-        "seeds": list(cfg.seeds),
-        "environment": {
+    return training_sweep(
+        cfg,
+        NAME,
+        usable_recipes(cfg),
+        minibatches=list(cfg.Ns),
+        lag=list(cfg.lags),
+        lr=list(cfg.lrs),
+        environment={
             "kind": "token_mdp",
             "constructor": "at_least_k",
             "V": cfg.V,
@@ -177,15 +169,11 @@ def sweep_config(cfg: Config) -> TrainSweepConfig:
             "seed": cfg.env_seed,
             "kwargs": {"k": cfg.k},
         },
-        "estimators": [recipe_entry(r, cfg.group_size) for r in usable_recipes(cfg)],
-        "grids": [
+        grids=[
             {"lr": list(cfg.lrs), "lag": list(cfg.lags), "minibatches": [cfg.N_fixed]},
             {"minibatches": list(cfg.Ns), "lag": list(cfg.lags), "lr": [cfg.lr_fixed]},
         ],
-    }
-    if cfg.max_grad_norm is not None:
-        d["max_grad_norm"] = cfg.max_grad_norm
-    return TrainSweepConfig.from_dict(d)
+    )
 
 
 def usable_recipes(cfg: Config) -> tuple[str, ...]:
@@ -221,16 +209,18 @@ def _run(args) -> pd.DataFrame:
 
 def run_grid(cfg: Config, workers: int | None = None) -> pd.DataFrame:
     """The recorded rows of every run (recipes × :func:`cells` × seeds), identical serially or
-    on a pool of ``workers`` processes (default: every core, for ≥ PARALLEL_STEPS steps)."""
+    on a pool of ``workers`` processes (default: every core, for a grid of at least
+    :data:`simkit.figures.staleness_curves.PARALLEL_STEPS` steps:
+    :func:`~simkit.figures.staleness_curves.pool_size`)."""
     jobs = [
         (cfg, r, N, lag, lr, seed)
         for r in usable_recipes(cfg)
         for N, lag, lr in cells(cfg)
         for seed in cfg.seeds
     ]
-    n = workers or os.cpu_count() or 1
-    if n > 1 and len(jobs) > 1 and len(jobs) * cfg.steps >= PARALLEL_STEPS:
-        with ProcessPoolExecutor(max_workers=min(n, len(jobs))) as pool:
+    n = pool_size(len(jobs), cfg.steps, workers)
+    if n:
+        with ProcessPoolExecutor(max_workers=n) as pool:
             frames = list(pool.map(_run, jobs, chunksize=1))
     else:
         frames = [_run(job) for job in jobs]

@@ -51,10 +51,7 @@ class Config:
     vespo_lambda_neg: float = 2.0
 
     def __post_init__(self):
-        if not self.w_max > 1:
-            raise ValueError(f"w_max must be > 1 to show the ratio 1, got {self.w_max}")
-        if self.n_points < 3:
-            raise ValueError(f"n_points must be >= 3, got {self.n_points}")
+        _common.check_ratio_grid(self.w_max, self.n_points)
         for field in (
             "clip_eps",
             "sapo_tau_pos",

@@ -80,8 +80,6 @@ class Config:
 
     def __post_init__(self):
         sim_curves.check_grid(self.recipes, staleness=self.staleness, seeds=self.seeds)
-        if min(self.staleness) < 1:
-            raise ValueError(f"staleness values N must be >= 1, got {self.staleness}")
 
 
 def config(small: bool = False) -> Config:
@@ -138,19 +136,19 @@ def lm_config(cfg: Config, recipe: str, N: int):
         mapping=mapping,
         hyperparams=_hyperparams(recipe),
         aggregation=aggregation,
-        group_size=cfg.group_size,
-        steps=cfg.steps,
         minibatches=N,
-        minibatch_size=cfg.minibatch_size,
-        lag=cfg.lag,
-        lr=cfg.lr,
-        response_length=cfg.response_length,
-        precision=cfg.precision,
-        temperature=cfg.temperature,
-        n_prompts=cfg.n_prompts,
-        eval_every=cfg.eval_every,
-        eval_samples=cfg.eval_samples,
+        **train_fields(cfg),
     )
+
+
+def train_fields(cfg: Config) -> dict:
+    """The fields of :class:`~simkit.lm.train.LMTrainConfig` that ``cfg`` sets, by the same
+    name (``group_size``, ``steps``, ``minibatch_size``, ``lag``, ``lr``, ``response_length``,
+    ``precision``, ``temperature``, ``n_prompts``, ``eval_every``, ``eval_samples``)."""
+    from simkit.lm.train import LMTrainConfig
+
+    names = [f.name for f in dataclasses.fields(LMTrainConfig)]
+    return {name: getattr(cfg, name) for name in names if hasattr(cfg, name)}
 
 
 def run_grid(cfg: Config) -> pd.DataFrame:

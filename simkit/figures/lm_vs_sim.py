@@ -83,51 +83,75 @@ SMALL_MAPPINGS = (
     "vespo",
     "snis",
 )
+#: what the small configurations (here and in ``_lm_vs_sim_mc``) share: the tiny random Llama
+#: on the token-presence task, fixed-length responses, :data:`SMALL_MAPPINGS`
+SMALL_LM = {
+    "model": "tiny",
+    "task": "token",
+    "stop_at_eos": False,
+    "mapping_names": SMALL_MAPPINGS,
+}
 
 
 @dataclass(frozen=True)
-class Config:
-    """Model, task, tree and sizes.
+class LMStudyConfig:
+    """What every LM-vs-simulation configuration sets (this module's :class:`Config` and
+    :class:`simkit.figures._lm_vs_sim_mc.Config`, checked by :func:`check_config`): the LM,
+    its task, the behaviours, the mappings and the Monte Carlo gradient study's sizes.
 
-    ``model``: ``"tiny"`` (:func:`simkit.lm.models.tiny_llama`, float64, ``tiny_init_std``) or
-    ``"smollm2"``; ``task`` with ``task_kwargs``; ``prompts``: prompt indices (one tree each);
-    ``target_auto``: the token task's target is the rank-2 token at the first prompt's root
-    (tiny); ``stop_at_eos``; ``k``, ``T``: the tree; ``behaviours``: generator specs;
-    ``mapping_names`` (None: all); ``params``; ``n``; ``exact_reps``: Monte Carlo batches of
-    the batch-dependent mappings on the tree; ``reps``, ``n_ref``, ``n_pilot``: the MC study;
-    ``n_log``: logged responses the twin is fitted from; ``twin_boot``: bootstrap refits of
-    the twin; ``bins``, ``segments``: the twin's atoms; ``old_twin_V``, ``old_twin_reps``: the
-    χ²-profile twin.
+    ``model``: ``"tiny"`` (:func:`simkit.lm.models.tiny_llama`, float64, ``tiny_init_std``,
+    seed ``seed``) or ``"smollm2"`` (:func:`simkit.lm.models.load_smollm2`); ``task``: a
+    :mod:`simkit.lm.tasks` name with ``task_kwargs`` (pairs); ``stop_at_eos``: responses end at
+    the tokenizer's EOS (SmolLM2); ``behaviours``: :func:`simkit.lm.mismatch.parse` specs;
+    ``mapping_names``: None for every mapping; ``aggregation``; ``params``: θ
+    (:func:`simkit.lm.experiment.select_parameters`); ``T``: max response length; ``n``,
+    ``reps``, ``n_ref``, ``n_pilot``: the study (:func:`study_sizes`); ``n_boot``: bootstrap
+    resamples; ``device``; ``seed``.
     """
 
     model: str = "smollm2"
     tiny_init_std: float = 1.0
     task: str = "keyword"
     task_kwargs: tuple = (("n_prompts", 1), ("chat", False))
-    prompts: tuple[int, ...] = (0,)
-    target_auto: bool = False
     stop_at_eos: bool = True
-    k: int = 4
-    T: int = 6
     behaviours: tuple[str, ...] = ("temperature:1.3", "temperature:0.8")
     mapping_names: tuple[str, ...] | None = None
     aggregation: str = "seq-mean-token-sum"
     params: str = "norm"
+    T: int = 6
     n: int = 8
-    exact_reps: int = 200
     reps: int = 16
     n_ref: int = 128
     n_pilot: int = 32
+    n_boot: int = 200
+    device: str = "cpu"
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Config(LMStudyConfig):
+    """The LM study (:class:`LMStudyConfig`), the tree and the twins.
+
+    ``prompts``: prompt indices (one tree each); ``target_auto``: the token task's target is
+    the rank-2 token at the first prompt's root (tiny); ``k``, ``T``: the tree;
+    ``exact_reps``: Monte Carlo batches of the batch-dependent mappings on the tree; ``reps``,
+    ``n_ref``, ``n_pilot``: the MC study; ``n_log``: logged responses the twin is fitted from;
+    ``twin_boot``: bootstrap refits of the twin; ``bins``, ``segments``: the twin's atoms;
+    ``old_twin_V``, ``old_twin_reps``: the χ²-profile twin; ``batch_size``: tree rows per
+    forward pass.
+    """
+
+    prompts: tuple[int, ...] = (0,)
+    target_auto: bool = False
+    k: int = 4
+    exact_reps: int = 200
     n_log: int = 512
     twin_boot: int = 20
     bins: int = 4
     segments: int = 8
     old_twin_V: int = 4
     old_twin_reps: int = 200
-    n_boot: int = 200
     batch_size: int = 256
-    device: str = "cpu"
-    seed: int = 0
 
     def __post_init__(self):
         check_config(
@@ -168,15 +192,12 @@ def config(small: bool = False) -> Config:
     random Llama, a token-presence task, k = 3, T = 4 (seconds; the tests use it)."""
     if small:
         return Config(
-            model="tiny",
-            task="token",
+            **SMALL_LM,
             task_kwargs=(("vocab_size", 64), ("n_prompts", 1)),
             target_auto=True,
-            stop_at_eos=False,
             k=3,
             T=4,
             behaviours=("temperature:1.5",),
-            mapping_names=SMALL_MAPPINGS,
             exact_reps=100,
             reps=40,
             n_ref=300,
@@ -234,12 +255,38 @@ def load(cfg, default_target: int | None = 0):
     return model, tokenizer, task, eos
 
 
+def study_sizes(cfg: LMStudyConfig) -> dict:
+    """The Monte Carlo gradient study's settings of a configuration, as the keyword arguments
+    of :func:`simkit.lm.study.gradient_study` and :func:`simkit.lm.topk.mc_study`: ``params``,
+    ``n``, ``reps``, ``n_ref``, ``n_pilot``, ``max_new_tokens`` (= ``T``), ``n_boot``."""
+    return {
+        "params": cfg.params,
+        "n": cfg.n,
+        "reps": cfg.reps,
+        "n_ref": cfg.n_ref,
+        "n_pilot": cfg.n_pilot,
+        "max_new_tokens": cfg.T,
+        "n_boot": cfg.n_boot,
+    }
+
+
+def behaviour_pair(cfg: LMStudyConfig, spec: str, model, task, tokenizer, eos):
+    """The (π, μ) pair of behaviour ``spec`` (:func:`simkit.lm.mismatch.parse`) prepared on
+    ``model`` for ``task``, responses of at most ``cfg.T`` tokens ending at ``eos``."""
+    from simkit.lm import mismatch
+
+    generator = mismatch.parse(spec)
+    return generator.prepare(
+        model, task=task, tokenizer=tokenizer, eos_token_id=eos, max_new_tokens=cfg.T
+    )
+
+
 def estimators(cfg: Config, advantage: str = "oracle_pi"):
     """One estimator per mapping: ``cfg.aggregation``, advantage ``oracle_pi`` (R − J(π): the
     LM study's baseline is its pilot estimate of J(π))."""
     from simkit.estimators import Estimator
 
-    names = list(cfg.mapping_names) if cfg.mapping_names is not None else mappings.available()
+    names = _common.chosen_mappings(cfg.mapping_names)
     return [Estimator(m, aggregation=cfg.aggregation, advantage=advantage, name=m) for m in names]
 
 
@@ -293,7 +340,7 @@ def _old_twin(cfg, ex, ests):
 
 
 def compute(cfg: Config) -> Data:
-    from simkit.lm import exact, mismatch, topk, twin, twin_dist
+    from simkit.lm import exact, topk, twin, twin_dist
 
     t_start, cpu_start = time.perf_counter(), time.process_time()
     model, tokenizer, task, eos = load(cfg)
@@ -303,10 +350,7 @@ def compute(cfg: Config) -> Data:
     reference = None
     timings = {"exact": 0.0, "mc": 0.0, "twin": 0.0, "old_twin": 0.0}
     for i, spec in enumerate(cfg.behaviours):
-        generator = mismatch.parse(spec)
-        pair = generator.prepare(
-            model, task=task, tokenizer=tokenizer, eos_token_id=eos, max_new_tokens=cfg.T
-        )
+        pair = behaviour_pair(cfg, spec, model, task, tokenizer, eos)
         t0 = time.perf_counter()
         ex = exact.exact_study(
             model,
@@ -337,16 +381,10 @@ def compute(cfg: Config) -> Data:
             cfg.k,
             behaviour=pair.behaviour,
             tokenizer=tokenizer,
-            params=cfg.params,
-            n=cfg.n,
-            reps=cfg.reps,
-            n_ref=cfg.n_ref,
-            n_pilot=cfg.n_pilot,
-            max_new_tokens=cfg.T,
             eos_token_id=eos,
             seed=cfg.seed + 100 + i,
-            n_boot=cfg.n_boot,
             grad_method="head",
+            **study_sizes(cfg),
             reference=reference,
             progress=False,
         )

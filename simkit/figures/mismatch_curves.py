@@ -42,14 +42,13 @@ from simkit.figures.staleness_curves import (
     plot_curves,
     ranking,
     recipe_legend,
-    run_grid,
+    run_curves,
     schedule_note,
     split_figure,
-    summarize,
+    training_sweep,
 )
 from simkit.train import Mismatch
-from simkit.train.analysis import band, optimal_J, run_summary
-from simkit.train.recipes import recipe_entry, recipe_label
+from simkit.train.recipes import recipe_label
 
 NAME = "mismatch_curves"
 TITLE = "Learning curves under train–inference mismatch (token-TIS, seq-MIS, Geo-Mask, VESPO)"
@@ -124,25 +123,16 @@ def config(small: bool = False) -> Config:
 
 
 def sweep_config(cfg: Config) -> TrainSweepConfig:
-    """The training sweep of the figure (``configs/train_mismatch_curves.toml`` at full size)."""
-
-    d = {
-        "kind": "train",
-        "name": NAME,
-        "steps": cfg.steps,
-        "minibatch_size": cfg.minibatch_size,
-        "minibatches": [cfg.minibatches],
-        "lr": cfg.lr,
-        "optimizer": "adam",
-        "record_every": cfg.record_every,
-        "seeds": list(cfg.seeds),
-        "environment": environment_dict(cfg),
-        "mismatch": [mismatch_to_dict(m) for m in cfg.mismatches],
-        "estimators": [recipe_entry(r, cfg.group_size) for r in cfg.recipes],
-    }
-    if cfg.max_grad_norm is not None:
-        d["max_grad_norm"] = cfg.max_grad_norm
-    return TrainSweepConfig.from_dict(d)
+    """The training sweep of the figure (``configs/train_mismatch_curves.toml`` at full size):
+    recipes × mismatch models × seeds, no staleness."""
+    return training_sweep(
+        cfg,
+        NAME,
+        minibatches=[cfg.minibatches],
+        lr=cfg.lr,
+        environment=environment_dict(cfg),
+        mismatch=[mismatch_to_dict(m) for m in cfg.mismatches],
+    )
 
 
 def paper_verdict(summary: pd.DataFrame, order: list[str]) -> list[str]:
@@ -208,15 +198,11 @@ class Data:
 
 def compute(cfg: Config, workers: int | None = None) -> Data:
     sweep = sweep_config(cfg)
-    table = run_grid(sweep, workers)
-    env = sweep.environment.build(cfg.T)
-    J_star, J_start = optimal_J(env), env.J()
-    runs = run_summary(table, ["recipe", "mismatch", "seed"])
-    summary = summarize(runs, ["recipe", "mismatch"])
+    grid = run_curves(sweep, cfg.T, ["recipe", "mismatch"], workers)
     order = tuple(m.label for m in cfg.mismatches)
     spikes = [m for m in cfg.mismatches if m.spike_prob > 0 and m.spike_strength > 0]
     notes = [
-        environment_note(sweep, J_start, J_star),
+        environment_note(sweep, grid["J_start"], grid["J_star"]),
         schedule_note(sweep) + f" Staleness N = {cfg.minibatches}, no lag.",
         "Mismatch: μ = softmax of the trainer's logits + N(0, σ²) noise, rounded to bf16 "
         "(8 significant bits, round to nearest even), then toxic-tail spikes (per state and "
@@ -228,20 +214,10 @@ def compute(cfg: Config, workers: int | None = None) -> Data:
             else "."
         ),
         FINAL_J_NOTE,
-        drift_note(runs, lambda row: f"under {row['mismatch']}"),
-        *paper_verdict(summary, list(order)),
+        drift_note(grid["runs"], lambda row: f"under {row['mismatch']}"),
+        *paper_verdict(grid["summary"], list(order)),
     ]
-    return Data(
-        config=cfg,
-        table=table,
-        curves=band(table, ["recipe", "mismatch"]),
-        runs=runs,
-        summary=summary,
-        mismatch_order=order,
-        J_star=J_star,
-        J_start=J_start,
-        notes=tuple(notes),
-    )
+    return Data(config=cfg, mismatch_order=order, notes=tuple(notes), **grid)
 
 
 def draw(data: Data):

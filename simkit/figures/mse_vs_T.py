@@ -38,7 +38,6 @@ import pandas as pd
 from simkit import experiment, mappings, shifts
 from simkit.envs import TokenMDP
 from simkit.envs.behaviour import behaviour
-from simkit.estimators import Estimator
 from simkit.figures import _common, style
 
 NAME = "mse_vs_T"
@@ -121,14 +120,9 @@ def config(small: bool = False) -> Config:
             reps=5,
             mc_reps=400,
             n_boot=100,
-            mapping_names=("naive", "is_token", "is_seq", "ppo_clip", "tis_seq", "vespo"),
+            mapping_names=_common.SMALL_EXACT_MAPPINGS,
         )
     return Config()
-
-
-def per_sample_mappings() -> list[str]:
-    """Registered mappings with an exact per-sample path (not batch dependent)."""
-    return [n for n in mappings.available() if not mappings.mapping_class(n).batch_dependent]
 
 
 def dialed_behaviour(env: TokenMDP, chi2_tok: float, family: str) -> np.ndarray:
@@ -157,10 +151,7 @@ def dp_mappings(names) -> list[str]:
 def sweep_lengths(cfg: Config, names, lengths, exact: bool) -> pd.DataFrame:
     """``experiment.run`` of the mappings ``names`` at every T of ``lengths`` (exact: by
     enumeration where V^T fits the budget, else by DP; or Monte Carlo)."""
-    ests = [
-        Estimator(mappings.get(n), aggregation="seq-mean-token-sum", advantage="oracle", name=n)
-        for n in names
-    ]
+    ests = _common.oracle_estimators(names)
     frames = []
     for T in lengths:
         env = TokenMDP.answer_correct(V=cfg.V, T=int(T), seed=cfg.seed, scale=cfg.scale)
@@ -186,7 +177,7 @@ def sweep_lengths(cfg: Config, names, lengths, exact: bool) -> pd.DataFrame:
 
 
 def compute(cfg: Config) -> pd.DataFrame:
-    names = list(cfg.mapping_names) if cfg.mapping_names is not None else per_sample_mappings()
+    names = _common.chosen_mappings(cfg.mapping_names, _common.per_sample_mappings())
     grids = ((names, cfg.exact_lengths, True), (dp_mappings(names), cfg.dp_lengths, True))
     parts = [
         sweep_lengths(cfg, subset, lengths, exact)

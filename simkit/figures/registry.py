@@ -1,9 +1,10 @@
 """The figure registry and deterministic rendering: :data:`FIGURES`, :func:`figure_module`,
 :func:`make`, :func:`render`, :func:`save`, :func:`write_gallery`.
 
-Re-exported by :mod:`simkit.figures` (import them from there); a module of its own so that
-:mod:`simkit.figures.runner` (cache, workers, progress) uses the registry without importing
-the package that calls it back (no import cycle).
+Re-exported by :mod:`simkit.figures` (import them from there; its ``__all__`` lists the
+public names); a module of its own so that :mod:`simkit.figures.runner` (cache, workers,
+progress) uses the registry without importing the package that calls it back (no import
+cycle).
 """
 
 from __future__ import annotations
@@ -68,18 +69,6 @@ FIGURES: dict[str, ModuleType] = {
 #: metadata that would otherwise make the files differ between runs
 PNG_METADATA = {"Software": None}
 PDF_METADATA = {"CreationDate": None, "ModDate": None, "Producer": None, "Creator": None}
-
-__all__ = [
-    "FIGURES",
-    "available",
-    "figure_module",
-    "make",
-    "render",
-    "save",
-    "small_from_env",
-    "style",
-    "write_gallery",
-]
 
 
 def available() -> list[str]:

@@ -31,9 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from simkit import experiment, mappings, shifts
+from simkit import experiment, shifts
 from simkit.envs import TokenMDP
-from simkit.estimators import Estimator
 from simkit.figures import _claims, _common, style
 from simkit.figures.staleness_curves import split_figure
 
@@ -95,23 +94,15 @@ def config(small: bool = False) -> Config:
             n_chi2=3,
             chi2_max=20.0,
             reps=10,
-            mapping_names=("naive", "is_token", "is_seq", "ppo_clip", "tis_seq", "vespo"),
+            mapping_names=_common.SMALL_EXACT_MAPPINGS,
         )
     return Config()
 
 
-def per_sample_mappings() -> list[str]:
-    """Registered mappings with an exact per-sample path (not batch dependent)."""
-    return [n for n in mappings.available() if not mappings.mapping_class(n).batch_dependent]
-
-
 def compute(cfg: Config) -> pd.DataFrame:
     env = TokenMDP.iid(V=cfg.V, T=cfg.T, seed=cfg.seed, scale=cfg.scale)
-    names = list(cfg.mapping_names) if cfg.mapping_names is not None else per_sample_mappings()
-    ests = [
-        Estimator(mappings.get(n), aggregation="seq-mean-token-sum", advantage="oracle", name=n)
-        for n in names
-    ]
+    names = _common.chosen_mappings(cfg.mapping_names, _common.per_sample_mappings())
+    ests = _common.oracle_estimators(names)
     frames = []
     for target in cfg.chi2_grid:
         mu = shifts.dial_pair(env.pi, kl=cfg.kl, chi2=float(target))

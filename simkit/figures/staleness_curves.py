@@ -103,19 +103,20 @@ class Config:
 
     def __post_init__(self):
         check_grid(self.recipes, staleness=self.staleness, seeds=self.seeds)
-        if min(self.staleness) < 1:
-            raise ValueError(f"staleness values N must be >= 1, got {self.staleness}")
 
 
 def check_grid(recipes, **axes) -> None:
-    """Validate a training figure's grid: every recipe known (:data:`simkit.train.RECIPES`) and
-    ``recipes`` and every other axis (name=values) non-empty; shared by the training figures."""
+    """Validate a training figure's grid: every recipe known (:data:`simkit.train.RECIPES`),
+    ``recipes`` and every other axis (name=values) non-empty, and the ``staleness`` values N
+    (when given) ≥ 1; shared by the training figures."""
     unknown = [r for r in recipes if r not in RECIPES]
     if unknown:
         raise ValueError(f"unknown recipe(s) {unknown}; available: {', '.join(RECIPES)}")
     empty = [name for name, values in {"recipes": recipes, **axes}.items() if not values]
     if empty:
         raise ValueError(f"{', '.join(empty)} must be non-empty")
+    if "staleness" in axes and min(axes["staleness"]) < 1:
+        raise ValueError(f"staleness values N must be >= 1, got {axes['staleness']}")
 
 
 def config(small: bool = False) -> Config:
@@ -152,27 +153,54 @@ def environment_dict(cfg) -> dict:
     return d
 
 
-def sweep_config(cfg: Config, name: str = NAME) -> TrainSweepConfig:
-    """The training sweep of the figure (``configs/train_staleness_curves.toml`` at full size):
-    recipes × staleness N × seeds on ``environment_dict(cfg)``. ``collapse_map`` reuses it
-    (its Config has the same fields, with T swept) under its own ``name``."""
+def training_sweep(cfg, name: str, recipes=None, **tables) -> TrainSweepConfig:
+    """The training sweep of a training figure's ``cfg``: its schedule (``steps``,
+    ``minibatch_size``, Adam, ``record_every``, ``max_grad_norm`` unless None), ``seeds``,
+    one estimator per recipe of ``recipes`` (default ``cfg.recipes``) with GRPO groups of
+    ``cfg.group_size`` (:func:`simkit.train.recipes.recipe_entry`), and the keys in ``tables``
+    (``environment``, ``lr``, ``minibatches``, ``lag``, ``mismatch``, ``grids`` …), named
+    ``name``."""
     d = {
         "kind": "train",
         "name": name,
         "steps": cfg.steps,
         "minibatch_size": cfg.minibatch_size,
-        "minibatches": list(cfg.staleness),
-        "lr": cfg.lr,
-        "lag": [cfg.lag],
+        **tables,
         "optimizer": "adam",
         "record_every": cfg.record_every,
         "seeds": list(cfg.seeds),
-        "environment": environment_dict(cfg),
-        "estimators": [recipe_entry(r, cfg.group_size) for r in cfg.recipes],
+        "estimators": [
+            recipe_entry(r, cfg.group_size) for r in (cfg.recipes if recipes is None else recipes)
+        ],
     }
     if cfg.max_grad_norm is not None:
         d["max_grad_norm"] = cfg.max_grad_norm
     return TrainSweepConfig.from_dict(d)
+
+
+def sweep_config(cfg: Config, name: str = NAME) -> TrainSweepConfig:
+    """The training sweep of the figure (``configs/train_staleness_curves.toml`` at full size):
+    recipes × staleness N × seeds on ``environment_dict(cfg)``. ``collapse_map`` reuses it
+    (its Config has the same fields, with T swept) under its own ``name``."""
+    return training_sweep(
+        cfg,
+        name,
+        minibatches=list(cfg.staleness),
+        lr=cfg.lr,
+        lag=[cfg.lag],
+        environment=environment_dict(cfg),
+    )
+
+
+def pool_size(runs: int, steps: int, workers: int | None = None) -> int | None:
+    """How many worker processes a training figure's grid of ``runs`` runs of ``steps`` steps
+    each runs on: ``workers`` (default: every core), at most one per run, when the grid has
+    at least :data:`PARALLEL_STEPS` steps in total and more than one run and one worker;
+    else None (serial)."""
+    n = workers or os.cpu_count() or 1
+    if n > 1 and runs > 1 and runs * steps >= PARALLEL_STEPS:
+        return min(n, runs)
+    return None
 
 
 def run_grid(sweep: TrainSweepConfig, workers: int | None = None) -> pd.DataFrame:
@@ -180,14 +208,9 @@ def run_grid(sweep: TrainSweepConfig, workers: int | None = None) -> pd.DataFram
     ``workers`` (default: every core) when the grid has at least :data:`PARALLEL_STEPS` steps
     in total, else serially — the table is identical either way. Adds the ``recipe`` column
     (:func:`simkit.train.recipes.recipe_of`, None for a non-recipe estimator)."""
-    runs = sum(1 for _ in sweep.runs())
-    n = workers or os.cpu_count() or 1
-    parallel = n > 1 and runs > 1 and runs * sweep.steps >= PARALLEL_STEPS
+    pool = pool_size(sum(1 for _ in sweep.runs()), sweep.steps, workers)
     table = run_config(
-        sweep,
-        progress=False,
-        backend="processes" if parallel else "serial",
-        workers=min(n, runs) if parallel else None,
+        sweep, progress=False, backend="processes" if pool else "serial", workers=pool
     )
     pairs = list(zip(table["mapping"], table["aggregation"], strict=True))
     lookup = {p: recipe_of(*p) for p in set(pairs)}
@@ -246,28 +269,37 @@ def drift_note(runs: pd.DataFrame, where) -> str:
     )
 
 
-def summarize(runs: pd.DataFrame, by) -> pd.DataFrame:
-    """Per group of ``by``: mean and SE over seeds of J_final and J_mean, collapsed runs."""
+def seed_means(runs: pd.DataFrame, by, with_se, means=()) -> pd.DataFrame:
+    """One row per group of ``by`` (in order of appearance) of the per-run table ``runs``:
+    the mean over seeds of every column of ``with_se`` and of ``means``, the number of
+    ``collapsed`` runs and of ``runs``, then ``<c>_se`` = sd/√runs for each c of ``with_se``
+    (NaN with one seed)."""
     g = runs.groupby(list(by), sort=False)
-    out = g.agg(
-        J_final=("J_final", "mean"),
-        J_final_sd=("J_final", "std"),
-        J_mean=("J_mean", "mean"),
-        J_mean_sd=("J_mean", "std"),
-        collapsed=("collapsed", "sum"),
-        runs=("J_final", "size"),
-    ).reset_index()
-    out["J_final_se"] = out.pop("J_final_sd") / np.sqrt(out["runs"])
-    out["J_mean_se"] = out.pop("J_mean_sd") / np.sqrt(out["runs"])
+    aggs = {}
+    for c in with_se:
+        aggs[c] = (c, "mean")
+        aggs[f"{c}_sd"] = (c, "std")
+    aggs.update({c: (c, "mean") for c in means})
+    out = g.agg(**aggs, collapsed=("collapsed", "sum"), runs=(with_se[0], "size")).reset_index()
+    for c in with_se:
+        out[f"{c}_se"] = out.pop(f"{c}_sd") / np.sqrt(out["runs"])
     out["collapsed"] = out["collapsed"].astype(int)
     return out
 
 
-def ranking(summary: pd.DataFrame, column: str = "J_final") -> str:
-    """``"A 0.99 ± 0.01 > B 0.95 ± 0.02 > …"`` (mean ± SE over seeds), best first."""
+def summarize(runs: pd.DataFrame, by) -> pd.DataFrame:
+    """Per group of ``by``: mean and SE over seeds of J_final and J_mean, collapsed runs
+    (:func:`seed_means`)."""
+    return seed_means(runs, by, ("J_final", "J_mean"))
+
+
+def ranking(summary: pd.DataFrame, column: str = "J_final", digits: int = 3) -> str:
+    """``"A 0.990 ± 0.010 > B 0.950 ± 0.020 > …"``: the recipes of ``summary`` by ``column``
+    (mean over seeds) ± ``<column>_se`` (left out where not finite), best first, ``digits``
+    decimals."""
     rows = summary.sort_values(column, ascending=False)
     return " > ".join(
-        f"{recipe_label(r)} {m:.3f}" + (f" ± {s:.3f}" if np.isfinite(s) else "")
+        f"{recipe_label(r)} {m:.{digits}f}" + (f" ± {s:.{digits}f}" if np.isfinite(s) else "")
         for r, m, s in zip(rows["recipe"], rows[column], rows[f"{column}_se"], strict=True)
     )
 
@@ -349,30 +381,39 @@ class Data:
     notes: tuple[str, ...]
 
 
+def run_curves(sweep: TrainSweepConfig, T: int, by, workers: int | None = None) -> dict:
+    """Run ``sweep`` (:func:`run_grid`; one length ``T``) and summarise it over the columns
+    ``by`` (e.g. ``["recipe", "N"]``). Returns the fields that a learning-curve figure's
+    ``Data`` (this module's, :class:`simkit.figures.mismatch_curves.Data`) takes from its runs:
+    ``table``; ``curves``, the recorded J with its band over seeds
+    (:func:`~simkit.train.analysis.band`); ``runs``, one row per run
+    (:func:`~simkit.train.analysis.run_summary`); ``summary``, one per group
+    (:func:`summarize`); ``J_star`` and ``J_start``, J* and J(π₀) of the environment
+    (exact)."""
+    table = run_grid(sweep, workers)
+    env = sweep.environment.build(T)
+    runs = run_summary(table, [*by, "seed"])
+    return {
+        "table": table,
+        "curves": band(table, list(by)),
+        "runs": runs,
+        "summary": summarize(runs, by),
+        "J_star": optimal_J(env),
+        "J_start": env.J(),
+    }
+
+
 def compute(cfg: Config, workers: int | None = None) -> Data:
     sweep = sweep_config(cfg)
-    table = run_grid(sweep, workers)
-    env = sweep.environment.build(cfg.T)
-    J_star, J_start = optimal_J(env), env.J()
-    runs = run_summary(table, ["recipe", "N", "seed"])
-    summary = summarize(runs, ["recipe", "N"])
+    grid = run_curves(sweep, cfg.T, ["recipe", "N"], workers)
     notes = (
-        environment_note(sweep, J_start, J_star),
+        environment_note(sweep, grid["J_start"], grid["J_star"]),
         schedule_note(sweep),
         FINAL_J_NOTE,
-        drift_note(runs, lambda row: f"at N = {row['N']}"),
-        *paper_verdict(summary),
+        drift_note(grid["runs"], lambda row: f"at N = {row['N']}"),
+        *paper_verdict(grid["summary"]),
     )
-    return Data(
-        config=cfg,
-        table=table,
-        curves=band(table, ["recipe", "N"]),
-        runs=runs,
-        summary=summary,
-        J_star=J_star,
-        J_start=J_start,
-        notes=notes,
-    )
+    return Data(config=cfg, notes=notes, **grid)
 
 
 def recipe_style(recipe: str, **overrides) -> dict:

@@ -53,7 +53,6 @@ import pandas as pd
 
 from simkit import experiment, mappings, theory
 from simkit.envs import TokenMDP, exact_token_level_mean
-from simkit.estimators import Estimator
 from simkit.figures import _common, style
 from simkit.figures.mse_vs_T import dialed_behaviour
 
@@ -140,10 +139,7 @@ def build_env(cfg: Config, kind: str, T: int) -> TokenMDP:
 
 def _enumerated_biases(env, mu, params: str = "untied") -> dict[str, float]:
     """Bias of every mapping of :data:`MAPPINGS` by enumeration (``experiment.run`` exact)."""
-    ests = [
-        Estimator(mappings.get(n), aggregation="seq-mean-token-sum", advantage="oracle", name=n)
-        for n in MAPPINGS
-    ]
+    ests = _common.oracle_estimators(MAPPINGS)
     frame = experiment.run(env, mu, ests, n=1, reps=2, exact=True, progress=False, params=params)
     return dict(zip(frame.mapping, frame.bias, strict=True))
 
@@ -368,22 +364,13 @@ def _draw_bias_panel(ax, data: pd.DataFrame, kind: str, anchor: int, floor, top)
                 label=f"{name}: 0 by theory (T beyond enumeration)",
             )
     ref = part_env[part_env.mapping == "is_token"].sort_values("T")
-    ax.plot(
-        ref["T"],
-        ref.grad_norm,
-        color="0.45",
-        linestyle=":",
-        linewidth=1.2,
-        label=r"$\|\nabla J\|$ (scale of the signal)",
-    )
-    ax.plot(
-        ref["T"],
-        ref.bound_shape,
-        color="0.35",
-        linestyle="--",
-        linewidth=1.0,
-        label="∝ T²·Δ_max (rl-collapse; shape only, matched at token IS's first bias)",
-    )
+    grad_label = r"$\|\nabla J\|$ (scale of the signal)"
+    bound_label = "∝ T²·Δ_max (rl-collapse; shape only, matched at token IS's first bias)"
+    for column, kwargs in (  # the two reference curves
+        ("grad_norm", dict(color="0.45", linestyle=":", linewidth=1.2, label=grad_label)),
+        ("bound_shape", dict(color="0.35", linestyle="--", linewidth=1.0, label=bound_label)),
+    ):
+        ax.plot(ref["T"], ref[column], **kwargs)
     _common.mark_floor(ax, floor)
     ax.set_xscale("log")
     ax.set_yscale("log")
