@@ -130,3 +130,12 @@ def test_smollm2_end_to_end_with_eos():
     meta = data.meta["temperature:1.5"]
     assert meta["D"] == 576 and meta["leaves"] <= 4**4 and 0 < meta["J"] < 1
     assert np.isfinite(data.comparison.exact_rel_variance).all()
+
+
+def test_data_hash_repeats_from_run_to_run(small_data):
+    """The manifest's data hash tells a data change from a drawing change only if the data
+    are the same from run to run (they once held wall-clock timings)."""
+    from simkit.figures.cache import content_hash
+
+    again = lm_vs_sim.compute(lm_vs_sim.config(small=True))
+    assert content_hash(again) == content_hash(small_data)
