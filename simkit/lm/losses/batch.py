@@ -94,8 +94,10 @@ class _Terms:
     """What a kernel returns.
 
     Surrogate form: ``tok`` (N, T) is F and ``dtok`` its derivative c = ∂F/∂log r (both
-    computed without autograd, finite everywhere, padding included; ``penalty``/``dpenalty``
-    likewise for kl_cov's penalty term).
+    computed without autograd, finite everywhere, padding included). ``penalty``/``dpenalty``
+    (K,): kl_cov's penalty term and its derivative on the K tokens of flat (row-major)
+    positions ``penalty_index`` (K,) (valid tokens; 0 elsewhere). ``scratch``: ``dtok`` is a
+    fresh tensor that the loss may overwrite once it has read ``tok`` (no later reader).
     Detached form: ``tok`` (N, T) the token coefficient c, or ``seq`` (N,) one coefficient per
     row. ``n_clipped``: a function returning the number of clipped valid tokens as a 0-d tensor
     (only called when metrics are requested; ``None``: the mapping never clips). ``extra``:
@@ -109,3 +111,5 @@ class _Terms:
     penalty: torch.Tensor | None = None
     dtok: torch.Tensor | None = None
     dpenalty: torch.Tensor | None = None
+    penalty_index: torch.Tensor | None = None
+    scratch: bool = False
