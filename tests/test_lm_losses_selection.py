@@ -34,7 +34,7 @@ def test_nth_flagged_equals_flatnonzero(n, density):
     counts, running = selection.flagged_counts(flat)
     assert int(running[-1]) == idx.size
     assert counts.shape == (math.ceil(n / B),)
-    got = selection.nth_flagged(flat, counts, running, torch.tensor(ranks))
+    got = selection.nth_flagged(flat, counts, running, ranks)
     np.testing.assert_array_equal(got.numpy(), idx[ranks])
 
 

@@ -102,7 +102,7 @@ def _clip_band(m, b: _Batch) -> _Terms:
     r = b.ratio_value(b.log_ratio, m.max_log_ratio)
     F = torch.minimum(r, hi)  # then max with lo: clamp(r, lo, hi) for lo <= hi, faster
     F = torch.maximum(F, lo, out=F)
-    inside = _inside(F, r)
+    inside = r.sub_(F).eq_(0.0)  # in r's buffer (as _inside): r − F = 0 exactly where F = r
     finite_highs = [h for h in (1.0 + m.eps_high, c_dual) if math.isfinite(h)]
     if b.lr_max > m.max_log_ratio and any(math.log(h) > m.max_log_ratio for h in finite_highs):
         # a capped r = e^cap can sit inside the band while log r is above it: the band is
@@ -112,10 +112,11 @@ def _clip_band(m, b: _Batch) -> _Terms:
         F = torch.where(above, hi, F)
         inside = inside.masked_fill_(above, 0.0)
     # lo <= 1 <= hi: a padded position (r = 1) is never flagged. The count is taken now (one
-    # sum) and c = r·inside is formed in inside's buffer, which frees r's (fewer (N, T) buffers
-    # alive at once: fresh memory costs page faults); the loss may overwrite c (scratch)
+    # sum), then c = F·inside (= r·inside: F = r inside the band) in the same buffer: two
+    # (N, T) buffers for F and c instead of three (fresh memory costs page faults); the loss
+    # may overwrite c (scratch)
     n_outside = b.count_outside(inside)
-    return _Terms(tok=F, dtok=inside.mul_(r), n_clipped=lambda: n_outside, scratch=True)
+    return _Terms(tok=F, dtok=inside.mul_(F), n_clipped=lambda: n_outside, scratch=True)
 
 
 def _gspo(m, b: _Batch) -> _Terms:
@@ -389,13 +390,12 @@ def _clip_cov(m, b: _Batch) -> _Terms:
     with torch.no_grad():  # the selection first: its buffers are freed before PPO's
         cand = _clip_cov_candidates(m, b).reshape(-1)
         counts, running = flagged_counts(cand)
-        n_cand = int(running[-1]) if running.numel() else 0
+        n_cand = int(running[-1]) if running.size else 0
         chosen = None
         if n_cand:
             n_valid = int(b.lengths.sum())
             picks = draw_subset(b.rng, n_cand, max(int(m.ratio * n_valid), 1))
-            ranks = torch.as_tensor(picks, dtype=torch.int64, device=cand.device)
-            chosen = nth_flagged(cand, counts, running, ranks)
+            chosen = nth_flagged(cand, counts, running, picks)
         del cand
     terms = _clip_band(m, b)
     with torch.no_grad():

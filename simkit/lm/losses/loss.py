@@ -165,11 +165,14 @@ def policy_loss(
             f"unknown denominator {denominator!r}; valid denominators: {', '.join(DENOMINATORS)}"
         )
     lp, old, mask, adv, dtype = _check_inputs(log_prob, old_log_prob, advantages, response_mask)
-    maskf = mask.view(torch.uint8).to(dtype)  # (a bool → float cast is several times slower)
-    lengths = maskf.sum(dim=1)
-    full = int(lengths.sum(dtype=torch.float64)) == mask.numel()  # no padding: no mask products
-    if full:  # a broadcast 1 (no memory): the (N, T) buffer is freed for the next tensor
+    mask_bytes = mask.view(torch.uint8)  # (a bool → float cast is several times slower)
+    full = mask.numel() == 0 or bool(mask_bytes.amin() == 1)  # no padding: no mask products
+    if full:  # maskf a broadcast 1 (no memory), every row T long
         maskf = torch.ones((), dtype=dtype, device=mask.device).expand(mask.shape)
+        lengths = torch.full(mask.shape[:1], float(mask.shape[1]), dtype=dtype, device=mask.device)
+    else:
+        maskf = mask_bytes.to(dtype)
+        lengths = maskf.sum(dim=1)
     inv_z = _inverse_z(lengths, mask.shape[1], agg, max_length)
     surrogate = FORMS[mapping.name] == SURROGATE
     lp = lp.to(dtype)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 #: entries per block (the summaries are 1/BLOCK of the data; a selection reads k·BLOCK entries)
@@ -37,37 +38,45 @@ def _block_summaries(
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def _gather_blocks(flat: torch.Tensor, blocks: torch.Tensor, fill: float):
+def _gather_blocks(flat: torch.Tensor, blocks: torch.Tensor, fill: float | None):
     """(values, positions) (len(blocks), BLOCK) of the given blocks of ``flat``; the positions
-    past the end of ``flat`` (in a short last block) hold ``fill``."""
+    past the end of ``flat`` (in a short last block) hold ``fill`` (``None``: a copy of the
+    last entry)."""
     n = flat.numel()
     pos = blocks[:, None] * BLOCK + torch.arange(BLOCK, device=flat.device)
     values = flat[pos.clamp(max=n - 1)]
-    if n % BLOCK:
+    if n % BLOCK and fill is not None:
         values = values.masked_fill_(pos >= n, fill)
     return values, pos
 
 
-def flagged_counts(flags: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(counts, running) per block of ``flags`` (1-D float 0/1): the flagged entries of each block
-    and their running total (int64, shape (⌈n/BLOCK⌉,)); ``running[-1]`` is the total."""
-    counts = _block_summaries(flags, lambda v: v.sum(dim=1)).to(torch.int64)  # exact: <= BLOCK
-    return counts, torch.cumsum(counts, 0)
+def flagged_counts(flags: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """(counts, running) per block of ``flags`` (1-D float 0/1), on the host: the flagged
+    entries of each block and their running total (int64 numpy, shape (⌈n/BLOCK⌉,));
+    ``running[-1]`` is the total."""
+    sums = _block_summaries(flags, lambda v: v.sum(dim=1))  # exact: <= BLOCK
+    counts = sums.to(torch.int64).cpu().numpy()
+    return counts, np.cumsum(counts)
 
 
 def nth_flagged(
-    flags: torch.Tensor, counts: torch.Tensor, running: torch.Tensor, ranks: torch.Tensor
+    flags: torch.Tensor, counts: np.ndarray, running: np.ndarray, ranks
 ) -> torch.Tensor:
     """Positions in ``flags`` (1-D float 0/1) of its flagged entries of 0-based ``ranks`` (1-D
-    int64, each < the number of flagged entries) in increasing position order; ``counts``,
-    ``running`` from :func:`flagged_counts`. The same as ``flatnonzero(flags)[ranks]``."""
-    target = ranks.to(torch.int64) + 1
-    block = torch.searchsorted(running, target)  # first block whose running total reaches it
+    integers, each < the number of flagged entries) in increasing position order, as an int64
+    tensor on ``flags``' device; ``counts``, ``running`` from :func:`flagged_counts`. The same
+    as ``flatnonzero(flags)[ranks]``: the block of each rank from the running totals (host),
+    then its column from a cumulative count over that block only."""
+    target = np.asarray(ranks, dtype=np.int64) + 1
+    block = np.searchsorted(running, target)  # first block whose running total reaches it
     rank_in_block = target - (running[block] - counts[block])  # 1..counts[block]
-    values, pos = _gather_blocks(flags, block, 0.0)
+    block = torch.as_tensor(block, device=flags.device)
+    # past-the-end columns of a short last block repeat the last entry: they follow every
+    # real column, and the rank is reached before them
+    values, _ = _gather_blocks(flags, block, None)
     within = torch.cumsum(values, dim=1)  # exact: <= BLOCK
-    column = (within < rank_in_block[:, None].to(within.dtype)).sum(dim=1)
-    return pos[torch.arange(pos.shape[0], device=pos.device), column]
+    rank = torch.as_tensor(rank_in_block, dtype=within.dtype, device=flags.device)
+    return block * BLOCK + (within < rank[:, None]).sum(dim=1)
 
 
 def top_k_first(values: torch.Tensor, k: int) -> torch.Tensor:
