@@ -406,8 +406,10 @@ def _clip_cov(m, b: _Batch) -> _Terms:
             dF.view(-1).index_fill_(0, chosen, 0.0)
             n_detached = chosen.numel()
 
+    band_clipped = terms.n_clipped  # (not ``terms``: the closure must not keep F and c alive)
+
     def n_clipped():  # the detached tokens are unclipped ones: the two counts add up
-        return terms.n_clipped() + n_detached
+        return band_clipped() + n_detached
 
     return _Terms(tok=F, dtok=dF, n_clipped=n_clipped, scratch=True)
 
