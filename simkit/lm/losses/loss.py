@@ -242,7 +242,9 @@ def policy_loss(
     else:
         with torch.no_grad():
             if terms.seq is not None:
-                token_weight = maskf * (terms.seq * row_weight)[:, None]
+                column = (terms.seq * row_weight)[:, None]
+                # (a product of two broadcast operands is several times slower than a copy)
+                token_weight = column.expand(mask.shape).contiguous() if full else maskf * column
             else:
                 token_weight = (terms.tok * maskf).mul_(row_weight[:, None])
             if c_corr is not None:
@@ -273,10 +275,11 @@ def _surrogate_loss(log_prob, terms, maskf, row_weight, inv_z, c_corr, full) -> 
         if per_row:
             weight = neg_row
             value = terms.tok.sum(dim=1) @ neg_row[:, 0]
-        else:
-            weight = maskf * neg_row
-            if c_corr is not None:
-                weight = weight * c_corr
+        else:  # c_corr is 0 on padding; the broadcast 1 of a full batch is not multiplied
+            if c_corr is None:
+                weight = maskf * neg_row
+            else:
+                weight = c_corr * neg_row if full else (maskf * neg_row).mul_(c_corr)
             value = torch.dot(terms.tok.reshape(-1), weight.reshape(-1))
         grad = None
         if needs_grad:
@@ -349,7 +352,7 @@ def _correction_weights(mapping, correction, mode, rollout_log_prob, denominator
             return corr, _trl_vespo(mapping, corr, b, leg)
         terms = _KERNELS[corr.name](corr, _leg_batch(leg, b))
         c = terms.tok if terms.tok is not None else terms.seq[:, None].expand(b.mask.shape)
-        return corr, c * b.maskf
+        return corr, (c.contiguous() if b.full else c * b.maskf)
 
 
 def _trl_vespo(m, corr, b: _Batch, leg: torch.Tensor) -> torch.Tensor:
