@@ -65,12 +65,13 @@ class _Batch:
             return torch.exp(self.log_ratio)
         return capped_exp(self.log_ratio, cap)
 
-    def ratio_value(self, log_ratio: torch.Tensor, cap: float) -> torch.Tensor:
+    def ratio_value(self, log_ratio: torch.Tensor, cap: float, out=None) -> torch.Tensor:
         """exp(min(``log_ratio``, cap)) without autograd, for a kernel that computes its own
-        derivative; ``log_ratio`` is this batch's (its detached values)."""
+        derivative; ``log_ratio`` is this batch's (its detached values). ``out``: a buffer of
+        that shape and dtype to write into (optional)."""
         if self.lr_max <= cap:
-            return torch.exp(log_ratio)
-        return torch.exp(torch.clamp(log_ratio, max=cap))
+            return torch.exp(log_ratio, out=out)
+        return torch.clamp(log_ratio, max=cap, out=out).exp_()
 
     def count_flags(self, flags: torch.Tensor) -> torch.Tensor:
         """Number of True entries of ``flags`` (N, T) bool, which must be False wherever the

@@ -93,14 +93,16 @@ def _soft_shrink(m, b: _Batch) -> _Terms:
     return _Terms(seq=torch.where(log_w >= 0, above, below))
 
 
-def _clip_band(m, b: _Batch) -> _Terms:
+def _clip_band(m, b: _Batch, buffers=(None, None)) -> _Terms:
     """PPO / dual clip / DAPO: F = clamp(r, lo, hi) with lo = 0 (none), hi = 1+ε_high for A >= 0
     and lo = 1−ε_low, hi = c_dual (∞ without dual clip) for A < 0 — PPO's min(rA, clip(r)A)
-    (and dual clip's max(·, c_dual·A) for A < 0). ∂F/∂log r = r inside [lo, hi], 0 outside."""
+    (and dual clip's max(·, c_dual·A) for A < 0). ∂F/∂log r = r inside [lo, hi], 0 outside.
+    ``buffers``: two free (N, T) buffers of the compute dtype to hold c and F (optional)."""
     c_dual = getattr(m, "c_dual", math.inf)
     lo, hi = _row_bounds(b, -math.inf, 1.0 + m.eps_high, 1.0 - m.eps_low, c_dual)
-    r = b.ratio_value(b.log_ratio, m.max_log_ratio)
-    F = torch.minimum(r, hi)  # then max with lo: clamp(r, lo, hi) for lo <= hi, faster
+    r = b.ratio_value(b.log_ratio, m.max_log_ratio, out=buffers[0])
+    # then max with lo: clamp(r, lo, hi) for lo <= hi, faster
+    F = torch.minimum(r, hi, out=buffers[1])
     F = torch.maximum(F, lo, out=F)
     inside = r.sub_(F).eq_(0.0)  # in r's buffer (as _inside): r − F = 0 exactly where F = r
     finite_highs = [h for h in (1.0 + m.eps_high, c_dual) if math.isfinite(h)]
@@ -388,7 +390,8 @@ def _clip_cov(m, b: _Batch) -> _Terms:
     draw picks ranks in the row-major candidate list, located by
     :func:`~simkit.lm.losses.selection.nth_flagged` from per-block candidate counts."""
     with torch.no_grad():  # the selection first: its buffers are freed before PPO's
-        cand = _clip_cov_candidates(m, b).reshape(-1)
+        cand, spare = _clip_cov_candidates(m, b)
+        cand = cand.reshape(-1)
         counts, running = flagged_counts(cand)
         n_cand = int(running[-1]) if running.size else 0
         chosen = None
@@ -396,8 +399,9 @@ def _clip_cov(m, b: _Batch) -> _Terms:
             n_valid = int(b.lengths.sum())
             picks = draw_subset(b.rng, n_cand, max(int(m.ratio * n_valid), 1))
             chosen = nth_flagged(cand, counts, running, picks)
-        del cand
-    terms = _clip_band(m, b)
+    # PPO's c and F in the selection's two buffers: no fresh (N, T) memory (page faults)
+    terms = _clip_band(m, b, (cand.view(spare.shape), spare))
+    del cand, spare
     with torch.no_grad():
         F, dF = terms.tok, terms.dtok
         n_detached = 0
@@ -414,9 +418,10 @@ def _clip_cov(m, b: _Batch) -> _Terms:
     return _Terms(tok=F, dtok=dF, n_clipped=n_clipped, scratch=True)
 
 
-def _clip_cov_candidates(m, b: _Batch) -> torch.Tensor:
-    """valid ∧ not clipped ∧ lb < cov < ub as (N, T) float 1.0/0.0, by float arithmetic in two
-    buffers and one in-place compare: clipped is s·log r > θ with s = sign A and
+def _clip_cov_candidates(m, b: _Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(candidates, spare): valid ∧ not clipped ∧ lb < cov < ub as (N, T) float 1.0/0.0, and
+    the other (N, T) buffer used (free for the caller), by float arithmetic in two buffers and
+    one in-place compare: clipped is s·log r > θ with s = sign A and
     θ = log(1 + ε_high) (A > 0), −log(1 − ε_low) (A < 0), +∞ (A = 0); s·log r ≤ θ ⇔
     s·log r − θ' < 0 with θ' the next float above θ, and lb < cov < ub ⇔
     max(lb − cov, cov − ub) < 0 (the sign of a float difference is exact); padding has
@@ -426,14 +431,15 @@ def _clip_cov_candidates(m, b: _Batch) -> torch.Tensor:
     hi = torch.tensor(math.log1p(m.eps_high), dtype=dtype, device=inf.device)
     lo = torch.tensor(-_log(1.0 - m.eps_low), dtype=dtype, device=inf.device)
     theta = torch.where(b.adv > 0, hi, torch.where(b.adv < 0, lo, inf))
-    theta = torch.nextafter(theta, inf)[:, None]
+    neg_theta = torch.nextafter(theta, inf).neg_()[:, None]
     s = torch.sign(b.adv).to(dtype)[:, None]
     cov = _covariance(b)
     band = torch.rsub(cov, m.lb)  # lb − cov
     above = cov.sub_(m.ub)  # cov − ub, in cov's buffer
     band = torch.maximum(band, above, out=band)
-    unclipped = torch.mul(b.log_ratio, s, out=above).sub_(theta)  # s·log r − θ'
-    return torch.maximum(band, unclipped, out=band).lt_(0.0)
+    # s·log r − θ' in one pass: s = ±1 or 0, so s·log r is exact and one rounding remains
+    unclipped = torch.addcmul(neg_theta, b.log_ratio, s, out=above)
+    return torch.maximum(band, unclipped, out=band).lt_(0.0), above
 
 
 def _kl_cov(m, b: _Batch) -> _Terms:
