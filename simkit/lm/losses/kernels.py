@@ -454,7 +454,6 @@ def _kl_cov(m, b: _Batch) -> _Terms:
         if n_valid:
             k = max(1, int(n_valid * m.ratio))
             chosen = top_k_first(cov.reshape(-1), k)
-    del cov
     lr = b.log_ratio
     lr_chosen = lr.reshape(-1)[chosen]
     penalty = dpenalty = index = None
@@ -462,7 +461,8 @@ def _kl_cov(m, b: _Batch) -> _Terms:
         index = chosen
         penalty = lr_chosen.abs() * m.kappa
         dpenalty = lr_chosen.sign() * m.kappa
-    r = b.ratio_value(lr, m.max_log_ratio)
+    r = b.ratio_value(lr, m.max_log_ratio, out=cov)  # cov's buffer: no fresh (N, T) memory
+    del cov
     # clipped: penalised tokens where the penalty acts (log r ≠ 0; on-policy it is 0)
     return _Terms(
         tok=r,
