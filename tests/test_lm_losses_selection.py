@@ -143,3 +143,27 @@ def test_clip_cov_on_a_large_batch_equals_the_registry(full, seed):
     expected = -c * adv[:, None] * aggregation_weights(mask, "token-mean")
     grad, _ = _torch_grad(m, lp, old, mask, adv, rng=np.random.default_rng(seed))
     np.testing.assert_allclose(grad, expected, rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_clip_cov_candidates_at_the_exact_clip_boundaries(seed):
+    """Log-ratios exactly at log(1 + ε_high) and log(1 − ε_low) (unclipped: the band is
+    closed) and 1e-9 beyond (clipped), in rows with A > 0, A < 0 and A = 0: the candidate set,
+    hence the drawn subset, is numpy's (float64, log μ = 0 so that log r = log π). (One float
+    beyond would test PPO's band instead, which the torch loss decides on r = exp(log r): at
+    log r = nextafter(log 1.2), r rounds to 1.2, inside; numpy decides on log r.)"""
+    eps = 0.2
+    at_hi, at_lo = math.log1p(eps), math.log(1.0 - eps)
+    row = [at_hi, at_hi + 1e-9, at_lo, at_lo - 1e-9, 0.01, -0.01]
+    lp = np.array([row, row, row, row[::-1], row[::-1], row[::-1]])
+    old = np.zeros_like(lp)
+    mask = np.ones(lp.shape, bool)
+    adv = np.array([1.0, -1.0, 0.0, 2.0, -0.5, 0.0])
+    m = mappings.get("clip_cov", ratio=0.3, lb=-10.0, ub=10.0)  # every unclipped token
+    c = m.coefficients(lp - old, mask, adv, log_prob=lp, rng=np.random.default_rng(seed))
+    expected = -c * adv[:, None] * aggregation_weights(mask, "token-mean")
+    grad, _ = _torch_grad(m, lp, old, mask, adv, rng=np.random.default_rng(seed))
+    np.testing.assert_allclose(grad, expected, rtol=1e-12, atol=1e-15)
+    # the boundary tokens are candidates (only unclipped tokens are)
+    sel = m.selected(lp - old, mask, adv, log_prob=lp, rng=np.random.default_rng(seed))
+    assert sel.sum() == int(0.3 * mask.sum())

@@ -54,9 +54,7 @@ class _Batch:
 
     def per_row(self, value_pos: float, value_neg: float) -> torch.Tensor:
         """(N,) tensor: ``value_pos`` on rows with A >= 0, ``value_neg`` on the others."""
-        pos = torch.tensor(value_pos, dtype=self.log_w.dtype, device=self.log_w.device)
-        neg = torch.tensor(value_neg, dtype=self.log_w.dtype, device=self.log_w.device)
-        return torch.where(self.positive, pos, neg)
+        return torch.full_like(self.log_w, value_neg).masked_fill_(self.positive, value_pos)
 
     def ratio(self, cap: float) -> torch.Tensor:
         """r = exp(min(log r, cap)) (N, T), differentiable with ∂r/∂log r = r also above the cap

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from simkit.lm.losses.batch import _Batch, _Terms
@@ -427,12 +428,11 @@ def _clip_cov_candidates(m, b: _Batch) -> tuple[torch.Tensor, torch.Tensor]:
     max(lb − cov, cov − ub) < 0 (the sign of a float difference is exact); padding has
     cov = −∞, so lb − cov = +∞ excludes it."""
     dtype = b.log_ratio.dtype
-    inf = torch.tensor(math.inf, dtype=dtype, device=b.log_ratio.device)
-    hi = torch.tensor(math.log1p(m.eps_high), dtype=dtype, device=inf.device)
-    lo = torch.tensor(-_log(1.0 - m.eps_low), dtype=dtype, device=inf.device)
-    theta = torch.where(b.adv > 0, hi, torch.where(b.adv < 0, lo, inf))
-    neg_theta = torch.nextafter(theta, inf).neg_()[:, None]
-    s = torch.sign(b.adv).to(dtype)[:, None]
+    hi = _next_up(math.log1p(m.eps_high), dtype)
+    lo = _next_up(-_log(1.0 - m.eps_low), dtype)
+    neg_theta = torch.full_like(b.adv, -math.inf)  # −θ' per row (A = 0: θ = +∞)
+    neg_theta = neg_theta.masked_fill_(b.adv > 0, -hi).masked_fill_(b.adv < 0, -lo)[:, None]
+    s = torch.sign(b.adv)[:, None]
     cov = _covariance(b)
     band = torch.rsub(cov, m.lb)  # lb − cov
     above = cov.sub_(m.ub)  # cov − ub, in cov's buffer
@@ -440,6 +440,13 @@ def _clip_cov_candidates(m, b: _Batch) -> tuple[torch.Tensor, torch.Tensor]:
     # s·log r − θ' in one pass: s = ±1 or 0, so s·log r is exact and one rounding remains
     unclipped = torch.addcmul(neg_theta, b.log_ratio, s, out=above)
     return torch.maximum(band, unclipped, out=band).lt_(0.0), above
+
+
+def _next_up(x: float, dtype: torch.dtype) -> float:
+    """The next float of ``dtype`` (float32 or float64) above x rounded to ``dtype``."""
+    if dtype == torch.float64:
+        return math.nextafter(x, math.inf)
+    return float(np.nextafter(np.float32(x), np.float32(np.inf)))
 
 
 def _kl_cov(m, b: _Batch) -> _Terms:
