@@ -753,17 +753,21 @@ COMPOSED = [
 ]
 
 
+@pytest.mark.parametrize("padding", [True, False], ids=["padding", "full"])
 @pytest.mark.parametrize("agg", AGGREGATIONS)
 @pytest.mark.parametrize("mapping, correction, mode, extra", COMPOSED, ids=str)
 def test_composed_loss_gradient_equals_the_composed_estimator(
-    mapping, correction, mode, extra, agg
+    mapping, correction, mode, extra, agg, padding
 ):
     """policy_loss(..., correction=, mode=, rollout_log_prob=): ∂loss/∂log π = −c·A/Z with c and
-    1/Z of ``Estimator(mapping, correction=…, mode=…)`` (simkit.composition)."""
+    1/Z of ``Estimator(mapping, correction=…, mode=…)`` (simkit.composition); with padding
+    and without (where policy_loss multiplies by no mask)."""
     from simkit.estimators import Estimator
 
     rng = np.random.default_rng(31)
     old, lp, mask, adv = make_inputs(seed=30)
+    if not padding:
+        mask = np.ones_like(mask)
     adv[adv == 0] = 0.5  # kl_cov's penalty has no c·A form at A = 0 (tested elsewhere)
     rollout = old - rng.normal(0.0, 0.3, old.shape)  # log μ; old is log π_old
     if mode == "bypass":

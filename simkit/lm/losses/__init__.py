@@ -112,10 +112,18 @@ Conventions and numerics
   difference is finite, else (±inf/NaN garbage on padding) with ``torch.where``, so that the
   garbage reaches neither the loss, nor the gradient, nor the metrics. A NaN log-ratio on a
   valid token is a ``ValueError``.
-- Host synchronisations per call: the number of valid tokens (a mask without padding skips
-  the mask products), the range of the log-ratios (it decides whether a cap can bind and
-  whether the padding needs the select), one more for the metrics, and clip_cov / kl_cov's
-  subset (its size and, for kl_cov, whether ties straddle the k-th covariance).
+- Host synchronisations per call: whether the mask has padding (its byte minimum; a mask
+  without padding skips the mask products and every row has length T), the range of the
+  log-ratios (it decides whether a cap can bind and whether the padding needs the select), one
+  more for the metrics, and clip_cov / kl_cov's subset (clip_cov: the per-block candidate
+  counts; kl_cov: whether a NaN or ties straddle the k-th covariance).
+- Memory: on CPU a fresh (N, T) buffer is paid in page faults when the allocator has returned
+  the memory to the system, so the kernels keep few full-size buffers alive at once (in-place
+  steps, a broadcast 1 as the float mask of a full batch, the kernel's F and c released before
+  the metrics allocate theirs). clip_cov and kl_cov locate their tokens through per-block
+  summaries (:mod:`~simkit.lm.losses.selection`: candidate counts, covariance maxima) instead
+  of a cumulative count or a top-k over all N·T tokens, with the same result; kl_cov's penalty
+  is sparse (its k tokens).
 - Device-agnostic: every tensor is created on the inputs' device.
 
 Metrics
@@ -138,7 +146,8 @@ The code, one idea a module: :mod:`~simkit.lm.losses.loss` (:func:`policy_loss`,
 :mod:`~simkit.lm.losses.kernels` (one kernel per mapping family),
 :mod:`~simkit.lm.losses.autograd` (the custom autograd steps), :mod:`~simkit.lm.losses.batch`
 (the batch a kernel receives), :mod:`~simkit.lm.losses.batch_weights` (PSIS, the M2PO mask),
-:mod:`~simkit.lm.losses.aggregation`, :mod:`~simkit.lm.losses.inputs` (input checks) and
+:mod:`~simkit.lm.losses.aggregation`, :mod:`~simkit.lm.losses.inputs` (input checks),
+:mod:`~simkit.lm.losses.selection` (clip_cov / kl_cov's token selection by block summaries) and
 :mod:`~simkit.lm.losses.metrics`; every public name is importable from here.
 """
 

@@ -54,9 +54,7 @@ class _Batch:
 
     def per_row(self, value_pos: float, value_neg: float) -> torch.Tensor:
         """(N,) tensor: ``value_pos`` on rows with A >= 0, ``value_neg`` on the others."""
-        pos = torch.tensor(value_pos, dtype=self.log_w.dtype, device=self.log_w.device)
-        neg = torch.tensor(value_neg, dtype=self.log_w.dtype, device=self.log_w.device)
-        return torch.where(self.positive, pos, neg)
+        return torch.full_like(self.log_w, value_neg).masked_fill_(self.positive, value_pos)
 
     def ratio(self, cap: float) -> torch.Tensor:
         """r = exp(min(log r, cap)) (N, T), differentiable with ∂r/∂log r = r also above the cap
@@ -65,12 +63,13 @@ class _Batch:
             return torch.exp(self.log_ratio)
         return capped_exp(self.log_ratio, cap)
 
-    def ratio_value(self, log_ratio: torch.Tensor, cap: float) -> torch.Tensor:
+    def ratio_value(self, log_ratio: torch.Tensor, cap: float, out=None) -> torch.Tensor:
         """exp(min(``log_ratio``, cap)) without autograd, for a kernel that computes its own
-        derivative; ``log_ratio`` is this batch's (its detached values)."""
+        derivative; ``log_ratio`` is this batch's (its detached values). ``out``: a buffer of
+        that shape and dtype to write into (optional)."""
         if self.lr_max <= cap:
-            return torch.exp(log_ratio)
-        return torch.exp(torch.clamp(log_ratio, max=cap))
+            return torch.exp(log_ratio, out=out)
+        return torch.clamp(log_ratio, max=cap, out=out).exp_()
 
     def count_flags(self, flags: torch.Tensor) -> torch.Tensor:
         """Number of True entries of ``flags`` (N, T) bool, which must be False wherever the
@@ -94,8 +93,10 @@ class _Terms:
     """What a kernel returns.
 
     Surrogate form: ``tok`` (N, T) is F and ``dtok`` its derivative c = ∂F/∂log r (both
-    computed without autograd, finite everywhere, padding included; ``penalty``/``dpenalty``
-    likewise for kl_cov's penalty term).
+    computed without autograd, finite everywhere, padding included). ``penalty``/``dpenalty``
+    (K,): kl_cov's penalty term and its derivative on the K tokens of flat (row-major)
+    positions ``penalty_index`` (K,) (valid tokens; 0 elsewhere). ``scratch``: ``dtok`` is a
+    fresh tensor that the loss may overwrite once it has read ``tok`` (no later reader).
     Detached form: ``tok`` (N, T) the token coefficient c, or ``seq`` (N,) one coefficient per
     row. ``n_clipped``: a function returning the number of clipped valid tokens as a 0-d tensor
     (only called when metrics are requested; ``None``: the mapping never clips). ``extra``:
@@ -109,3 +110,5 @@ class _Terms:
     penalty: torch.Tensor | None = None
     dtok: torch.Tensor | None = None
     dpenalty: torch.Tensor | None = None
+    penalty_index: torch.Tensor | None = None
+    scratch: bool = False

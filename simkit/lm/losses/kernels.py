@@ -10,10 +10,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from simkit.lm.losses.batch import _Batch, _Terms
 from simkit.lm.losses.batch_weights import m2po_removed, psis_smooth
+from simkit.lm.losses.selection import flagged_counts, nth_flagged, top_k_first
 from simkit.mappings.base import Mapping
 from simkit.mappings.covariance import draw_subset
 from simkit.mappings.truncation import BATCH_NORM_EPS
@@ -92,15 +94,18 @@ def _soft_shrink(m, b: _Batch) -> _Terms:
     return _Terms(seq=torch.where(log_w >= 0, above, below))
 
 
-def _clip_band(m, b: _Batch) -> _Terms:
+def _clip_band(m, b: _Batch, buffers=(None, None)) -> _Terms:
     """PPO / dual clip / DAPO: F = clamp(r, lo, hi) with lo = 0 (none), hi = 1+ε_high for A >= 0
     and lo = 1−ε_low, hi = c_dual (∞ without dual clip) for A < 0 — PPO's min(rA, clip(r)A)
-    (and dual clip's max(·, c_dual·A) for A < 0). ∂F/∂log r = r inside [lo, hi], 0 outside."""
+    (and dual clip's max(·, c_dual·A) for A < 0). ∂F/∂log r = r inside [lo, hi], 0 outside.
+    ``buffers``: two free (N, T) buffers of the compute dtype to hold c and F (optional)."""
     c_dual = getattr(m, "c_dual", math.inf)
     lo, hi = _row_bounds(b, -math.inf, 1.0 + m.eps_high, 1.0 - m.eps_low, c_dual)
-    r = b.ratio_value(b.log_ratio, m.max_log_ratio)
-    F = torch.maximum(torch.minimum(r, hi), lo)  # = clamp(r, lo, hi) for lo <= hi, faster
-    inside = _inside(F, r)
+    r = b.ratio_value(b.log_ratio, m.max_log_ratio, out=buffers[0])
+    # then max with lo: clamp(r, lo, hi) for lo <= hi, faster
+    F = torch.minimum(r, hi, out=buffers[1])
+    F = torch.maximum(F, lo, out=F)
+    inside = r.sub_(F).eq_(0.0)  # in r's buffer (as _inside): r − F = 0 exactly where F = r
     finite_highs = [h for h in (1.0 + m.eps_high, c_dual) if math.isfinite(h)]
     if b.lr_max > m.max_log_ratio and any(math.log(h) > m.max_log_ratio for h in finite_highs):
         # a capped r = e^cap can sit inside the band while log r is above it: the band is
@@ -109,8 +114,12 @@ def _clip_band(m, b: _Batch) -> _Terms:
         above = b.log_ratio > log_hi
         F = torch.where(above, hi, F)
         inside = inside.masked_fill_(above, 0.0)
-    # lo <= 1 <= hi: a padded position (r = 1) is never flagged
-    return _Terms(tok=F, dtok=r * inside, n_clipped=lambda: b.count_outside(inside))
+    # lo <= 1 <= hi: a padded position (r = 1) is never flagged. The count is taken now (one
+    # sum), then c = F·inside (= r·inside: F = r inside the band) in the same buffer: two
+    # (N, T) buffers for F and c instead of three (fresh memory costs page faults); the loss
+    # may overwrite c (scratch)
+    n_outside = b.count_outside(inside)
+    return _Terms(tok=F, dtok=inside.mul_(F), n_clipped=lambda: n_outside, scratch=True)
 
 
 def _gspo(m, b: _Batch) -> _Terms:
@@ -364,7 +373,7 @@ def _tis_seq_normalised(m, b: _Batch) -> _Terms:
 
 def _covariance(b: _Batch) -> torch.Tensor:
     """verl's cov_all = (A − mean A)(log π − mean log π), means over valid tokens (detached);
-    −inf on padding."""
+    −inf on padding. A fresh tensor (callers may overwrite it)."""
     with torch.no_grad():
         n = b.lengths.sum().clamp(min=1)
         mean_a = (b.adv * b.lengths).sum() / n
@@ -378,95 +387,99 @@ def _covariance(b: _Batch) -> torch.Tensor:
 def _clip_cov(m, b: _Batch) -> _Terms:
     """verl ``compute_policy_loss_clip_cov`` (b178a3c): PPO's clipped surrogate; a random
     max(⌊ρ·#valid⌋, 1) of the unclipped tokens with lb < cov < ub are detached (F·0). The
-    permutation is the numpy Generator's (``rng``), as :class:`simkit.mappings.ClipCov`."""
-    terms = _clip_band(m, b)
-    cov = _covariance(b)
-    with torch.no_grad():
-        cand = _clip_cov_candidates(m, b, cov).reshape(-1)
-        # the (p+1)-th candidate of the flat order is where the running count reaches p + 1
-        # (a cumulative sum and a binary search: several times faster than nonzero)
-        count_dtype = torch.int32 if cand.numel() < 2**31 else torch.int64
-        running = torch.cumsum(cand, 0, dtype=count_dtype)
-        n_cand = int(running[-1]) if cand.numel() else 0
-        F, dF = terms.tok, terms.dtok
-        n_detached = 0
+    permutation is the numpy Generator's (``rng``), as :class:`simkit.mappings.ClipCov`: the
+    draw picks ranks in the row-major candidate list, located by
+    :func:`~simkit.lm.losses.selection.nth_flagged` from per-block candidate counts."""
+    with torch.no_grad():  # the selection first: its buffers are freed before PPO's
+        cand, spare = _clip_cov_candidates(m, b)
+        cand = cand.reshape(-1)
+        counts, running = flagged_counts(cand)
+        n_cand = int(running[-1]) if running.size else 0
+        chosen = None
         if n_cand:
             n_valid = int(b.lengths.sum())
             picks = draw_subset(b.rng, n_cand, max(int(m.ratio * n_valid), 1))
-            target = torch.as_tensor(picks, device=cand.device).to(count_dtype) + 1
-            chosen = torch.searchsorted(running, target)
+            chosen = nth_flagged(cand, counts, running, picks)
+    # PPO's c and F in the selection's two buffers: no fresh (N, T) memory (page faults)
+    terms = _clip_band(m, b, (cand.view(spare.shape), spare))
+    del cand, spare
+    with torch.no_grad():
+        F, dF = terms.tok, terms.dtok
+        n_detached = 0
+        if chosen is not None:
             F.view(-1).index_fill_(0, chosen, 0.0)  # both fresh tensors of _clip_band
             dF.view(-1).index_fill_(0, chosen, 0.0)
             n_detached = chosen.numel()
 
+    band_clipped = terms.n_clipped  # (not ``terms``: the closure must not keep F and c alive)
+
     def n_clipped():  # the detached tokens are unclipped ones: the two counts add up
-        return terms.n_clipped() + n_detached
+        return band_clipped() + n_detached
 
-    return _Terms(tok=F, dtok=dF, n_clipped=n_clipped)
+    return _Terms(tok=F, dtok=dF, n_clipped=n_clipped, scratch=True)
 
 
-def _clip_cov_candidates(m, b: _Batch, cov: torch.Tensor) -> torch.Tensor:
-    """valid ∧ not clipped ∧ lb < cov < ub (N, T) bool, by float arithmetic and one compare:
-    clipped is s·log r > θ with s = sign A and θ = log(1 + ε_high) (A > 0), −log(1 − ε_low)
-    (A < 0), +∞ (A = 0); s·log r ≤ θ ⇔ s·log r − θ' < 0 with θ' the next float above θ, and
-    lb < cov < ub ⇔ max(lb − cov, cov − ub) < 0 (the sign of a float difference is exact);
-    padding has cov = −∞, so lb − cov = +∞ excludes it."""
+def _clip_cov_candidates(m, b: _Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(candidates, spare): valid ∧ not clipped ∧ lb < cov < ub as (N, T) float 1.0/0.0, and
+    the other (N, T) buffer used (free for the caller), by float arithmetic in two buffers and
+    one in-place compare: clipped is s·log r > θ with s = sign A and
+    θ = log(1 + ε_high) (A > 0), −log(1 − ε_low) (A < 0), +∞ (A = 0); s·log r ≤ θ ⇔
+    s·log r − θ' < 0 with θ' the next float above θ, and lb < cov < ub ⇔
+    max(lb − cov, cov − ub) < 0 (the sign of a float difference is exact); padding has
+    cov = −∞, so lb − cov = +∞ excludes it."""
     dtype = b.log_ratio.dtype
-    inf = torch.tensor(math.inf, dtype=dtype, device=b.log_ratio.device)
-    hi = torch.tensor(math.log1p(m.eps_high), dtype=dtype, device=inf.device)
-    lo = torch.tensor(-_log(1.0 - m.eps_low), dtype=dtype, device=inf.device)
-    theta = torch.where(b.adv > 0, hi, torch.where(b.adv < 0, lo, inf))
-    theta = torch.nextafter(theta, inf)[:, None]
-    s = torch.sign(b.adv).to(dtype)[:, None]
-    band = torch.maximum(m.lb - cov, cov - m.ub)
-    unclipped = (b.log_ratio * s).sub_(theta)
-    return torch.maximum(band, unclipped) < 0.0
+    hi = _next_up(math.log1p(m.eps_high), dtype)
+    lo = _next_up(-_log(1.0 - m.eps_low), dtype)
+    neg_theta = torch.full_like(b.adv, -math.inf)  # −θ' per row (A = 0: θ = +∞)
+    neg_theta = neg_theta.masked_fill_(b.adv > 0, -hi).masked_fill_(b.adv < 0, -lo)[:, None]
+    s = torch.sign(b.adv)[:, None]
+    cov = _covariance(b)
+    band = torch.rsub(cov, m.lb)  # lb − cov
+    above = cov.sub_(m.ub)  # cov − ub, in cov's buffer
+    band = torch.maximum(band, above, out=band)
+    # s·log r − θ' in one pass: s = ±1 or 0, so s·log r is exact and one rounding remains
+    unclipped = torch.addcmul(neg_theta, b.log_ratio, s, out=above)
+    return torch.maximum(band, unclipped, out=band).lt_(0.0), above
+
+
+def _next_up(x: float, dtype: torch.dtype) -> float:
+    """The next float of ``dtype`` (float32 or float64) above x rounded to ``dtype``."""
+    if dtype == torch.float64:
+        return math.nextafter(x, math.inf)
+    return float(np.nextafter(np.float32(x), np.float32(np.inf)))
 
 
 def _kl_cov(m, b: _Batch) -> _Terms:
     """verl ``compute_policy_loss_kl_cov`` (b178a3c): −A·r everywhere, + κ·|log r| on the
-    k = max(1, ⌊ρ·#valid⌋) valid tokens of largest covariance (ties: first in row-major order)."""
+    k = max(1, ⌊ρ·#valid⌋) valid tokens of largest covariance (ties: first in row-major order,
+    :func:`~simkit.lm.losses.selection.top_k_first`). The penalty is sparse: its values and
+    derivatives on the k selected tokens (``penalty_index``)."""
     cov = _covariance(b)  # −inf on padding: never among the k <= #valid largest
     with torch.no_grad():
         n_valid = int(b.lengths.sum())
         chosen = torch.zeros(0, dtype=torch.int64, device=cov.device)
         if n_valid:
             k = max(1, int(n_valid * m.ratio))
-            chosen = _top_k_first(cov.reshape(-1), k)
-    penalty = dpenalty = None
+            chosen = top_k_first(cov.reshape(-1), k)
     lr = b.log_ratio
+    lr_chosen = lr.reshape(-1)[chosen]
+    penalty = dpenalty = index = None
     if m.kappa > 0:  # κ·|log r| on the selected tokens; derivative κ·sign(log r) (0 at 0)
-        sel = torch.zeros_like(lr)
-        sel.view(-1).index_fill_(0, chosen, m.kappa)
-        penalty = lr.abs().mul_(sel)
-        dpenalty = lr.sign().mul_(sel)
-    r = b.ratio_value(lr, m.max_log_ratio)
+        index = chosen
+        penalty = lr_chosen.abs() * m.kappa
+        dpenalty = lr_chosen.sign() * m.kappa
+    r = b.ratio_value(lr, m.max_log_ratio, out=cov)  # cov's buffer: no fresh (N, T) memory
+    del cov
     # clipped: penalised tokens where the penalty acts (log r ≠ 0; on-policy it is 0)
     return _Terms(
         tok=r,
         dtok=r,
-        n_clipped=lambda: torch.count_nonzero(lr.reshape(-1)[chosen]),
+        n_clipped=lambda: torch.count_nonzero(lr_chosen),
         penalty=penalty,
         dpenalty=dpenalty,
+        penalty_index=index,
+        scratch=True,
     )
-
-
-def _top_k_first(values: torch.Tensor, k: int) -> torch.Tensor:
-    """Positions of the k largest ``values`` (1-D), ties at the k-th value first by position
-    (as :func:`simkit.mappings.covariance.top_k_first`), sorted. ``torch.topk`` of k + 1: when
-    the (k+1)-th value is below the k-th, no tie at the k-th value lies outside the top k and
-    its positions are the answer; otherwise the strictly larger values and the first ties."""
-    n = values.numel()
-    k = min(k, n)
-    if k == n:
-        return torch.arange(n, device=values.device)
-    top = torch.topk(values, k + 1)
-    kth, next_value = top.values[k - 1 : k + 1].tolist()
-    if next_value < kth:
-        return torch.sort(top.indices[:k]).values
-    above = torch.nonzero(values > kth).reshape(-1)
-    ties = torch.nonzero(values == kth).reshape(-1)[: k - above.numel()]
-    return torch.sort(torch.cat([above, ties])).values
 
 
 _KERNELS: dict[str, Callable[[Mapping, _Batch], _Terms]] = {

@@ -165,9 +165,14 @@ def policy_loss(
             f"unknown denominator {denominator!r}; valid denominators: {', '.join(DENOMINATORS)}"
         )
     lp, old, mask, adv, dtype = _check_inputs(log_prob, old_log_prob, advantages, response_mask)
-    maskf = mask.view(torch.uint8).to(dtype)  # (a bool → float cast is several times slower)
-    lengths = maskf.sum(dim=1)
-    full = int(lengths.sum(dtype=torch.float64)) == mask.numel()  # no padding: no mask products
+    mask_bytes = mask.view(torch.uint8)  # (a bool → float cast is several times slower)
+    full = mask.numel() == 0 or bool(mask_bytes.amin() == 1)  # no padding: no mask products
+    if full:  # maskf a broadcast 1 (no memory), every row T long
+        maskf = torch.ones((), dtype=dtype, device=mask.device).expand(mask.shape)
+        lengths = torch.full(mask.shape[:1], float(mask.shape[1]), dtype=dtype, device=mask.device)
+    else:
+        maskf = mask_bytes.to(dtype)
+        lengths = maskf.sum(dim=1)
     inv_z = _inverse_z(lengths, mask.shape[1], agg, max_length)
     surrogate = FORMS[mapping.name] == SURROGATE
     lp = lp.to(dtype)
@@ -237,7 +242,9 @@ def policy_loss(
     else:
         with torch.no_grad():
             if terms.seq is not None:
-                token_weight = maskf * (terms.seq * row_weight)[:, None]
+                column = (terms.seq * row_weight)[:, None]
+                # (a product of two broadcast operands is several times slower than a copy)
+                token_weight = column.expand(mask.shape).contiguous() if full else maskf * column
             else:
                 token_weight = (terms.tok * maskf).mul_(row_weight[:, None])
             if c_corr is not None:
@@ -245,7 +252,13 @@ def policy_loss(
         # the weights are 0 on padding; where log π may be non-finite there, zero it first
         log_pi = lp if finite else torch.where(mask, lp, 0.0)
         loss = -torch.dot(token_weight.reshape(-1), log_pi.reshape(-1))
-    return loss, (_metrics(batch, terms) if compute_metrics else {})
+    if not compute_metrics:
+        return loss, {}
+    # the metrics need the counts only: F and c are released first (the metrics' own (N, T)
+    # buffer then reuses their memory instead of growing the process's heap)
+    counts = _Terms(n_clipped=terms.n_clipped, extra=terms.extra)
+    del terms
+    return loss, _metrics(batch, counts)
 
 
 def _surrogate_loss(log_prob, terms, maskf, row_weight, inv_z, c_corr, full) -> torch.Tensor:
@@ -253,27 +266,32 @@ def _surrogate_loss(log_prob, terms, maskf, row_weight, inv_z, c_corr, full) -> 
     gradient −c·w (+ ∂penalty·w_pen) w.r.t. ``log_prob`` (the kernel's c = ∂F/∂log r) carried
     by one :func:`linearised_loss` step: the backward is one multiplication. Without padding
     and correction the weights are per row: −Σ_i (A_i/Z_i)·Σ_t F_it (row sums, no (N, T)
-    weight array)."""
+    weight array). The penalty (kl_cov) is sparse: w_pen = 1/Z_i (× the correction) on its K
+    tokens, added to the gradient there. A ``scratch`` c is multiplied in place."""
     needs_grad = log_prob.requires_grad and torch.is_grad_enabled()
     with torch.no_grad():
         neg_row = row_weight.neg()[:, None]
         per_row = full and c_corr is None
         if per_row:
+            weight = neg_row
             value = terms.tok.sum(dim=1) @ neg_row[:, 0]
-            grad = terms.dtok * neg_row if needs_grad else None
-        else:
-            token_weight = maskf * neg_row
-            if c_corr is not None:
-                token_weight = token_weight * c_corr
-            value = torch.dot(terms.tok.reshape(-1), token_weight.reshape(-1))
-            grad = terms.dtok * token_weight if needs_grad else None
+        else:  # c_corr is 0 on padding; the broadcast 1 of a full batch is not multiplied
+            if c_corr is None:
+                weight = maskf * neg_row
+            else:
+                weight = c_corr * neg_row if full else (maskf * neg_row).mul_(c_corr)
+            value = torch.dot(terms.tok.reshape(-1), weight.reshape(-1))
+        grad = None
+        if needs_grad:
+            grad = terms.dtok.mul_(weight) if terms.scratch else terms.dtok * weight
         if terms.penalty is not None:
-            pen_weight = maskf * inv_z[:, None]
+            index = terms.penalty_index
+            pen_weight = inv_z[torch.div(index, max(maskf.shape[1], 1), rounding_mode="floor")]
             if c_corr is not None:
-                pen_weight = pen_weight * c_corr
-            value = value + torch.dot(terms.penalty.reshape(-1), pen_weight.reshape(-1))
+                pen_weight = pen_weight * c_corr.reshape(-1)[index]
+            value = value + torch.dot(terms.penalty, pen_weight)
             if needs_grad:
-                grad = grad.add_(terms.dpenalty * pen_weight)
+                grad.view(-1).index_add_(0, index, terms.dpenalty * pen_weight)
     return linearised_loss(log_prob, value, grad) if needs_grad else value
 
 
@@ -334,7 +352,7 @@ def _correction_weights(mapping, correction, mode, rollout_log_prob, denominator
             return corr, _trl_vespo(mapping, corr, b, leg)
         terms = _KERNELS[corr.name](corr, _leg_batch(leg, b))
         c = terms.tok if terms.tok is not None else terms.seq[:, None].expand(b.mask.shape)
-        return corr, c * b.maskf
+        return corr, (c.contiguous() if b.full else c * b.maskf)
 
 
 def _trl_vespo(m, corr, b: _Batch, leg: torch.Tensor) -> torch.Tensor:

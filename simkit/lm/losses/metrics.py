@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from simkit.lm.losses.batch import _Batch, _Terms
@@ -32,46 +33,44 @@ def _extremes(x: torch.Tensor) -> tuple[float, float]:
 
 
 def _metrics(b: _Batch, terms: _Terms) -> dict[str, float]:
-    """Every metric of the module docstring, from one host synchronisation."""
+    """Every metric of the module docstring, from one host synchronisation: the token sums
+    and counts are reduced on the device, the sequence statistics (N values) on the host from
+    log W (in the same transfer: fewer small device operations)."""
     with torch.no_grad():
         lr = b.log_ratio.detach()
         N = lr.shape[0]
         n_valid = max(lr.numel(), 1)
-        zero = torch.zeros((), dtype=torch.float64, device=lr.device)
-        n_clipped = terms.n_clipped() if terms.n_clipped is not None else zero
         # Σ(r² − 1) and Σ(r − 1 − log r) over valid tokens (padding: log r = 0 adds 0). Direct
         # sums of e = expm1(log r) when no e² can overflow the compute dtype (r² − 1 = e² + 2e),
         # else in float64 with Σr² in log space (reported inf only beyond the float64 range)
         limit = 0.5 * (math.log(torch.finfo(lr.dtype).max) - math.log(n_valid)) - 1.0
-        log_w = b.log_w.to(torch.float64)
+        direct = lr.numel() > 0 and b.lr_max <= limit
         if lr.numel() == 0:
-            token_stats = [zero, zero]
-        elif b.lr_max <= limit:
+            stats = [lr.new_zeros(()), lr.new_zeros(()), lr.new_zeros(())]
+        elif direct:
             e = b.take_expm1().reshape(-1)  # r − 1 without cancellation; 0 on padding
-            # Σ(r² − 1) = Σ(e² + 2e) and Σ(r − 1 − log r) = Σ(e − log r), each term accurate
-            sum_r2m1 = torch.dot(e, e) + 2.0 * e.sum()
-            token_stats = [sum_r2m1, e.sub_(lr.reshape(-1)).sum()]
+            # Σ(r² − 1) = Σe² + 2Σe and Σ(r − 1 − log r) = Σ(e − log r), each term accurate
+            stats = [torch.dot(e, e), e.sum(), e.sub_(lr.reshape(-1)).sum()]
         else:
             lr64 = lr.to(torch.float64)
             shift = max(b.lr_max, 0.0)
             log_sum_r2 = torch.log(((lr64 - shift) * 2.0).exp_().mul_(b.maskf).sum()) + 2.0 * shift
-            token_stats = [log_sum_r2, (torch.expm1(lr64) - lr64).sum()]
-        if N:
-            seq_stats = [
-                torch.logsumexp(2.0 * log_w, dim=0),
-                torch.logsumexp(log_w, dim=0),
-                (torch.expm1(log_w) - log_w).sum(),
-            ]
-        else:
-            seq_stats = [zero, zero, zero]
-        stats = [n_clipped, b.lengths.sum(), log_w.sum(), *token_stats, *seq_stats]
+            stats = [log_sum_r2, lr64.new_zeros(()), (torch.expm1(lr64) - lr64).sum()]
+        n_clipped = terms.n_clipped() if terms.n_clipped is not None else lr.new_zeros(())
+        stats += [n_clipped, b.lengths.sum()]
         extra = terms.extra or {}
         stats += [v.to(lr.device) for v in extra.values()]
-        values = torch.stack([s.to(torch.float64) for s in stats]).tolist()
-    clipped, n_tok, sum_lr, tok_a, sum_k3, lse2_seq, lse_seq, sum_k3_seq = values[:8]
+        device = torch.stack([s.to(torch.float64) for s in stats])
+        values = torch.cat([device, b.log_w.to(torch.float64)]).cpu().numpy()
+    tok_sq, tok_sum, sum_k3, clipped, n_tok = (float(v) for v in values[:5])
+    n_extra = len(extra)
+    log_w = values[5 + n_extra :]
+    tok_a = tok_sq + 2.0 * tok_sum if direct else tok_sq
+    sum_lr = float(log_w.sum())
+    lse2_seq, lse_seq, sum_k3_seq = _sequence_stats(log_w)
     out = dict.fromkeys(METRICS, math.nan)
     if n_tok > 0:
-        if lr.numel() and b.lr_max <= limit:
+        if direct:
             chi2_tok = tok_a / n_tok
         else:
             chi2_tok = _expm1(tok_a - math.log(n_tok))
@@ -90,8 +89,24 @@ def _metrics(b: _Batch, terms: _Terms) -> dict[str, float]:
             kl_k1_seq=-sum_lr / N,
             kl_k3_seq=sum_k3_seq / N,
         )
-    out.update(zip(extra, values[8:], strict=True))
+    out.update(zip(extra, (float(v) for v in values[5 : 5 + n_extra]), strict=True))
     return out
+
+
+def _sequence_stats(log_w: np.ndarray) -> tuple[float, float, float]:
+    """(log Σ W², log Σ W, Σ(W − 1 − log W)) of the rows' log W (float64, host), as
+    ``torch.logsumexp`` (±inf kept) and expm1; zeros for no rows."""
+    if log_w.size == 0:
+        return 0.0, 0.0, 0.0
+    with np.errstate(all="ignore"):
+        return _logsumexp(2.0 * log_w), _logsumexp(log_w), float((np.expm1(log_w) - log_w).sum())
+
+
+def _logsumexp(x: np.ndarray) -> float:
+    m = float(x.max())
+    if not math.isfinite(m):
+        return m
+    return m + math.log(float(np.exp(x - m).sum()))
 
 
 def _exp(x: float) -> float:

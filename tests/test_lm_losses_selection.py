@@ -1,0 +1,169 @@
+"""simkit.lm.losses.selection: the block-summary selections of clip_cov and kl_cov equal a full
+scan (numpy ``flatnonzero`` and :func:`simkit.mappings.covariance.top_k_first`), exactly, and
+the losses that use them equal the numpy registry on batches large enough to take the block
+path (the other tests of the losses use small batches, where the full scan is taken).
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from simkit import mappings  # noqa: E402
+from simkit.estimators import aggregation_weights  # noqa: E402
+from simkit.lm import losses  # noqa: E402
+from simkit.lm.losses import selection  # noqa: E402
+from simkit.mappings.covariance import top_k_first as numpy_top_k_first  # noqa: E402
+
+B = selection.BLOCK
+SIZES = [1, B - 1, B, B + 1, 7 * B, 40 * B + 17, 5000]
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("density", [0.002, 0.1, 0.9, 1.0])
+def test_nth_flagged_equals_flatnonzero(n, density):
+    rng = np.random.default_rng(n + int(1000 * density))
+    flags = rng.random(n) < density
+    flags[rng.integers(n)] = True  # at least one flagged entry
+    idx = np.flatnonzero(flags)
+    ranks = rng.choice(idx.size, size=min(idx.size, 25), replace=False)
+    ranks = np.concatenate([ranks, [0, idx.size - 1]])  # the first and the last
+    flat = torch.tensor(flags, dtype=torch.float32)
+    counts, running = selection.flagged_counts(flat)
+    assert int(running[-1]) == idx.size
+    assert counts.shape == (math.ceil(n / B),)
+    got = selection.nth_flagged(flat, counts, running, ranks)
+    np.testing.assert_array_equal(got.numpy(), idx[ranks])
+
+
+def _uses_blocks(n, k):
+    return k < n and 4 * k * B <= n
+
+
+@pytest.mark.parametrize("n", [40 * B, 40 * B + 17, 20000])
+@pytest.mark.parametrize("k", [1, 3, 10])
+@pytest.mark.parametrize("kind", ["continuous", "ties", "minus_inf", "sorted"])
+def test_top_k_first_equals_numpy(n, k, kind):
+    """The block path (4·k·BLOCK <= n) against numpy's full partition, ties at the k-th value
+    included (integer values: many ties), −inf entries (padding) and increasing data (the top
+    k in the short last block)."""
+    assert _uses_blocks(n, k)
+    rng = np.random.default_rng(n + k)
+    if kind == "continuous":
+        values = rng.normal(size=n)
+    elif kind == "ties":
+        values = rng.integers(0, 30, n).astype(float)
+    elif kind == "minus_inf":
+        values = np.where(rng.random(n) < 0.5, -np.inf, rng.integers(0, 5, n).astype(float))
+    else:
+        values = np.arange(n, dtype=float)
+    expected = numpy_top_k_first(values, k)
+    got = selection.top_k_first(torch.tensor(values), k)
+    np.testing.assert_array_equal(got.numpy(), expected)
+    if kind == "ties":  # the test has ties at the k-th value beyond the top k
+        assert (values == values[expected].min()).sum() > np.sum(
+            values[expected] == values[expected].min()
+        )
+
+
+@pytest.mark.parametrize("kind", ["nan", "all_equal", "large_k"])
+def test_top_k_first_falls_back_to_the_full_scan(kind):
+    """A NaN, ties at the threshold in most blocks, or k close to the size: the full scan
+    (:func:`selection.top_k_full`) is the answer."""
+    rng = np.random.default_rng(3)
+    n, k = 50 * B, 5
+    values = rng.normal(size=n)
+    if kind == "nan":
+        values[[7, 900]] = np.nan
+    elif kind == "all_equal":
+        values[:] = 1.0
+    else:
+        k = n // (2 * B)
+    t = torch.tensor(values)
+    np.testing.assert_array_equal(
+        selection.top_k_first(t, k).numpy(), selection.top_k_full(t, k).numpy()
+    )
+    if kind != "nan":
+        np.testing.assert_array_equal(
+            selection.top_k_first(t, k).numpy(), numpy_top_k_first(values, k)
+        )
+
+
+def _large_batch(seed, N=37, T=301):
+    """float64 inputs large enough for the block path (N·T = 11137, not a multiple of
+    BLOCK): log π ~ −Exp(1) with discrete values (covariance ties), ragged rows."""
+    rng = np.random.default_rng(seed)
+    old = -rng.exponential(1.0, (N, T))
+    lp = np.round(old + rng.normal(0.0, 0.3, (N, T)), 1)
+    lengths = rng.integers(T // 2, T + 1, N)
+    lengths[0] = T
+    mask = np.arange(T)[None, :] < lengths[:, None]
+    adv = rng.choice([-1.0, 0.5, 2.0], N)
+    return old, lp, mask, adv
+
+
+def _torch_grad(m, lp, old, mask, adv, **kw):
+    x = torch.tensor(lp, requires_grad=True)
+    loss, metrics = losses.policy_loss(
+        m, x, torch.tensor(old), torch.tensor(adv), torch.tensor(mask), **kw
+    )
+    loss.backward()
+    return x.grad.numpy(), metrics
+
+
+@pytest.mark.parametrize("full", [False, True])
+@pytest.mark.parametrize("ratio", [0.001, 0.003])
+def test_kl_cov_on_a_large_batch_equals_the_registry(full, ratio):
+    old, lp, mask, adv = _large_batch(5)
+    if full:
+        mask[:] = True
+    m = mappings.get("kl_cov", ratio=ratio)
+    k = max(1, int(mask.sum() * ratio))
+    assert _uses_blocks(mask.size, k)
+    c = m.coefficients(lp - old, mask, adv, log_prob=lp)
+    expected = -c * adv[:, None] * aggregation_weights(mask, "token-mean")
+    grad, metrics = _torch_grad(m, lp, old, mask, adv)
+    np.testing.assert_allclose(grad, expected, rtol=1e-10, atol=1e-14)
+    sel = m.selected(lp - old, mask, adv, log_prob=lp)
+    assert metrics["clip_frac"] == np.count_nonzero((lp - old)[sel]) / mask.sum()
+
+
+@pytest.mark.parametrize("full", [False, True])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_clip_cov_on_a_large_batch_equals_the_registry(full, seed):
+    old, lp, mask, adv = _large_batch(6)
+    if full:
+        mask[:] = True
+    m = mappings.get("clip_cov", ratio=0.01, lb=0.2, ub=3.0)
+    sel = m.selected(lp - old, mask, adv, log_prob=lp, rng=np.random.default_rng(seed))
+    assert sel.sum() == int(0.01 * mask.sum())  # many candidates: the full draw
+    c = m.coefficients(lp - old, mask, adv, log_prob=lp, rng=np.random.default_rng(seed))
+    expected = -c * adv[:, None] * aggregation_weights(mask, "token-mean")
+    grad, _ = _torch_grad(m, lp, old, mask, adv, rng=np.random.default_rng(seed))
+    np.testing.assert_allclose(grad, expected, rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_clip_cov_candidates_at_the_exact_clip_boundaries(seed):
+    """Log-ratios exactly at log(1 + ε_high) and log(1 − ε_low) (unclipped: the band is
+    closed) and 1e-9 beyond (clipped), in rows with A > 0, A < 0 and A = 0: the candidate set,
+    hence the drawn subset, is numpy's (float64, log μ = 0 so that log r = log π). (One float
+    beyond would test PPO's band instead, which the torch loss decides on r = exp(log r): at
+    log r = nextafter(log 1.2), r rounds to 1.2, inside; numpy decides on log r.)"""
+    eps = 0.2
+    at_hi, at_lo = math.log1p(eps), math.log(1.0 - eps)
+    row = [at_hi, at_hi + 1e-9, at_lo, at_lo - 1e-9, 0.01, -0.01]
+    lp = np.array([row, row, row, row[::-1], row[::-1], row[::-1]])
+    old = np.zeros_like(lp)
+    mask = np.ones(lp.shape, bool)
+    adv = np.array([1.0, -1.0, 0.0, 2.0, -0.5, 0.0])
+    m = mappings.get("clip_cov", ratio=0.3, lb=-10.0, ub=10.0)  # every unclipped token
+    c = m.coefficients(lp - old, mask, adv, log_prob=lp, rng=np.random.default_rng(seed))
+    expected = -c * adv[:, None] * aggregation_weights(mask, "token-mean")
+    grad, _ = _torch_grad(m, lp, old, mask, adv, rng=np.random.default_rng(seed))
+    np.testing.assert_allclose(grad, expected, rtol=1e-12, atol=1e-15)
+    # the boundary tokens are candidates (only unclipped tokens are)
+    sel = m.selected(lp - old, mask, adv, log_prob=lp, rng=np.random.default_rng(seed))
+    assert sel.sum() == int(0.3 * mask.sum())
