@@ -167,3 +167,29 @@ def test_clip_cov_candidates_at_the_exact_clip_boundaries(seed):
     # the boundary tokens are candidates (only unclipped tokens are)
     sel = m.selected(lp - old, mask, adv, log_prob=lp, rng=np.random.default_rng(seed))
     assert sel.sum() == int(0.3 * mask.sum())
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("full", [False, True])
+@pytest.mark.parametrize("max_log_ratio", [80.0, 0.05])  # r = 1 + expm1; capped: exp
+def test_clip_cov_shares_the_metrics_expm1(dtype, full, max_log_ratio):
+    """clip_cov computes r from the batch's expm1 and takes the metrics' token sums from it
+    before reusing its buffer: its χ²/k3 equal those the metrics compute themselves (naive on
+    the same batch), and its loss and gradient do not depend on ``compute_metrics``."""
+    old, lp, mask, adv = _large_batch(7)
+    if full:
+        mask[:] = True
+    args = (torch.tensor(old, dtype=dtype), torch.tensor(adv, dtype=dtype), torch.tensor(mask))
+    m = mappings.get("clip_cov", ratio=0.01, max_log_ratio=max_log_ratio)
+    assert (max_log_ratio < (lp - old)[mask].max()) == (max_log_ratio < 1)
+    out = {}
+    for name, metrics in ((m, True), (m, False), ("naive", True)):
+        x = torch.tensor(lp, dtype=dtype, requires_grad=True)
+        loss, met = losses.policy_loss(name, x, *args, compute_metrics=metrics, rng=3)
+        loss.backward()
+        out[name if isinstance(name, str) else metrics] = (loss.item(), x.grad, met)
+    assert out[True][0] == out[False][0]
+    assert torch.equal(out[True][1], out[False][1])
+    rel = 1e-12 if dtype == torch.float64 else 1e-6
+    for key in ("chi2_tok", "kl_k3"):
+        assert out[True][2][key] == pytest.approx(out["naive"][2][key], rel=rel), key

@@ -37,20 +37,28 @@ class _Batch:
     rng: object = None
     full: bool = False
 
-    def expm1(self) -> torch.Tensor:
-        """expm1(log r) (N, T), computed once per batch and shared (kl_rs's k3 criteria and
-        the metrics both need it; 0 on padding). Callers must not modify it in place."""
+    def expm1(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """expm1(log r) (N, T), computed once per batch and shared (kl_rs's k3 criteria,
+        clip_cov's ratio and the metrics need it; 0 on padding). Callers must not modify it in
+        place. ``out``: a free buffer of that shape and dtype to compute it into (optional)."""
         cache = self.__dict__.setdefault("_cache", {})
         if "expm1" not in cache:
-            cache["expm1"] = torch.expm1(self.log_ratio)
+            cache["expm1"] = torch.expm1(self.log_ratio.detach(), out=out)
         return cache["expm1"]
 
-    def take_expm1(self) -> torch.Tensor:
-        """:meth:`expm1`, handed over to the last user (the metrics), which may then modify it
-        in place: the batch forgets it."""
-        e = self.expm1()
-        del self.__dict__["_cache"]["expm1"]
-        return e
+    def expm1_sums(self) -> list[torch.Tensor]:
+        """[Σe², Σe, Σ(e − log r)] over every entry of e = :meth:`expm1` (0-d tensors; padding
+        adds 0): the metrics' token sums (χ² = mean(e² + 2e), k3 = mean(e − log r), each term
+        without cancellation). Computed once, after which the batch forgets the expm1 (its
+        buffer is overwritten: a kernel that shares the expm1 takes the sums before reusing
+        the buffer, so that the metrics need no (N, T) memory of their own)."""
+        cache = self.__dict__.setdefault("_cache", {})
+        if "expm1_sums" not in cache:
+            e = self.expm1().reshape(-1)
+            del cache["expm1"]
+            lr = self.log_ratio.detach().reshape(-1)
+            cache["expm1_sums"] = [torch.dot(e, e), e.sum(), e.sub_(lr).sum()]
+        return cache["expm1_sums"]
 
     def per_row(self, value_pos: float, value_neg: float) -> torch.Tensor:
         """(N,) tensor: ``value_pos`` on rows with A >= 0, ``value_neg`` on the others."""
