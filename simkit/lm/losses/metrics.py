@@ -60,8 +60,13 @@ def _metrics(b: _Batch, terms: _Terms) -> dict[str, float]:
         stats += [n_clipped, b.lengths.sum()]
         extra = terms.extra or {}
         stats += [v.to(lr.device) for v in extra.values()]
-        device = torch.stack([s.to(torch.float64) for s in stats])
-        values = torch.cat([device, b.log_w.to(torch.float64)]).cpu().numpy()
+        # one transfer; the float64 conversion once after stacking when the dtypes agree
+        # (exact either way: fewer small device operations)
+        parts = [*stats, b.log_w]
+        if any(s.dtype != lr.dtype for s in parts):
+            parts = [s.to(torch.float64) for s in parts]
+        values = torch.cat([torch.stack(parts[:-1]), parts[-1]])
+        values = values.to("cpu", torch.float64).numpy()
     tok_sq, tok_sum, sum_k3, clipped, n_tok = (float(v) for v in values[:5])
     n_extra = len(extra)
     log_w = values[5 + n_extra :]
