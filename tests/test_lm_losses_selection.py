@@ -171,11 +171,12 @@ def test_clip_cov_candidates_at_the_exact_clip_boundaries(seed):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
 @pytest.mark.parametrize("full", [False, True])
-@pytest.mark.parametrize("max_log_ratio", [80.0, 0.05])  # r = 1 + expm1; capped: exp
+@pytest.mark.parametrize("max_log_ratio", [80.0, 0.05])
 def test_clip_cov_shares_the_metrics_expm1(dtype, full, max_log_ratio):
-    """clip_cov computes r from the batch's expm1 and takes the metrics' token sums from it
-    before reusing its buffer: its χ²/k3 equal those the metrics compute themselves (naive on
-    the same batch), and its loss and gradient do not depend on ``compute_metrics``."""
+    """Without padding and below the cap clip_cov computes r from the batch's expm1 and takes
+    the metrics' token sums from it before reusing its buffer (else r = exp, and the metrics
+    their own expm1): its χ²/k3 equal those the metrics compute themselves (naive on the same
+    batch), and its loss and gradient do not depend on ``compute_metrics``."""
     old, lp, mask, adv = _large_batch(7)
     if full:
         mask[:] = True

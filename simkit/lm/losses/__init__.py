@@ -120,13 +120,13 @@ Conventions and numerics
 - Memory: on CPU a fresh (N, T) buffer is paid in page faults when the allocator has returned
   the memory to the system, so the kernels keep few full-size buffers alive at once (in-place
   steps, a broadcast 1 as the float mask of a full batch, the kernel's F and c released before
-  the metrics allocate theirs; clip_cov computes r = 1 + expm1(log r) from the batch's expm1
-  and takes the metrics' token sums from it before its buffer holds F, so that its metrics need
-  neither an expm1 pass nor a buffer of their own — done with or without metrics, so that the
-  loss does not depend on them). clip_cov and kl_cov locate their tokens through per-block
-  summaries (:mod:`~simkit.lm.losses.selection`: candidate counts, covariance maxima) instead
-  of a cumulative count or a top-k over all N·T tokens, with the same result; kl_cov's penalty
-  is sparse (its k tokens).
+  the metrics allocate theirs; without padding clip_cov computes r = 1 + expm1(log r) from the
+  batch's expm1 and takes the metrics' token sums from it before its buffer holds F, so that
+  its metrics need neither an expm1 pass nor a buffer of their own — done with or without
+  metrics, so that the loss does not depend on them). clip_cov and kl_cov locate their tokens
+  through per-block summaries (:mod:`~simkit.lm.losses.selection`: candidate counts,
+  covariance maxima) instead of a cumulative count or a top-k over all N·T tokens, with the
+  same result; kl_cov's penalty is sparse (its k tokens).
 - Device-agnostic: every tensor is created on the inputs' device.
 
 Metrics
