@@ -231,18 +231,29 @@ def test_progress_bars_on_a_terminal(tmp_path):
 
 
 @pytest.mark.slow
-def test_warm_figure_is_ten_times_faster_than_cold(tmp_path):
+def test_warm_figure_is_copied_from_the_cache(tmp_path):
+    """A second run of an unchanged figure computes and draws nothing: it copies the PNG and
+    PDF from the cache, byte for byte. (How much faster that is, cold vs warm, is measured by
+    ``benchmarks/bench_figures.py``, not asserted here: a timing test is flaky on a shared
+    machine.)"""
     env = {**os.environ, "SIMKIT_CACHE_DIR": str(tmp_path / "cache"), "MPLBACKEND": "Agg"}
     env.pop("SIMKIT_SMALL", None)
-    cmd = [sys.executable, "-m", "simkit", "figures", "mse_vs_T", "--out", str(tmp_path / "f")]
+    out = tmp_path / "f"
+    cmd = [sys.executable, "-m", "simkit", "figures", "mse_vs_T", "--out", str(out)]
 
-    def timed():
-        start = time.perf_counter()
-        subprocess.run(cmd, env=env, check=True, capture_output=True, cwd=tmp_path)
-        return time.perf_counter() - start
+    def run():
+        proc = subprocess.run(
+            cmd, env=env, check=True, capture_output=True, text=True, cwd=tmp_path
+        )
+        files = {p.name: p.read_bytes() for p in out.glob("mse_vs_T.*")}
+        return proc.stdout + proc.stderr, files
 
-    cold, warm = timed(), timed()
-    assert cold >= 10 * warm, f"cold {cold:.1f} s, warm {warm:.1f} s"
+    cold_log, cold_files = run()
+    warm_log, warm_files = run()
+    assert "(1 computed, 0 redrawn from cached data, 0 from the cache)" in cold_log, cold_log
+    assert "(0 computed, 0 redrawn from cached data, 1 from the cache)" in warm_log, warm_log
+    assert set(cold_files) == {"mse_vs_T.png", "mse_vs_T.pdf"}
+    assert warm_files == cold_files
 
 
 # --- the manifest ------------------------------------------------------------------------------
