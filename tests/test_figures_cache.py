@@ -6,7 +6,8 @@
   comment- or docstring-only edit changes none;
 - ``build`` computes once, then copies from the cache (same bytes), redraws from cached data
   when the drawn files are missing, recomputes with ``force``;
-- a warm ``simkit figures mse_vs_T`` (a fresh process) is ≥ 10× faster than the cold one;
+- a warm ``simkit figures mse_vs_T`` (a fresh process) computes and draws nothing and copies the
+  same bytes (its speed-up is measured by ``benchmarks/bench_figures.py``);
 - the manifest flags every kind of stale figure, and the committed ``figures/`` are not stale.
 """
 
