@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from simkit import mappings
@@ -18,6 +19,7 @@ from simkit.figures import (
     _common,
     bandit_bias_variance,
     bias_variance_frontier,
+    collapse_map,
     ess_khat_vs_T,
     length_trap,
     same_kl_different_chi2,
@@ -275,3 +277,46 @@ def test_bandit_unreliable_rows_are_hollow_and_noted(bandit):
     assert hollow
     assert not any(n.startswith("Monte Carlo rows") for n in bandit.attrs["notes"])
     assert any(_common.UNRELIABLE_NOTE in n for n in notes)
+
+
+# --- collapse_map ---------------------------------------------------------------------------------
+
+
+def collapse_grid(gains: dict, collapsed: set) -> pd.DataFrame:
+    """A made-up collapse_map grid at N ∈ {1, 64}, T = 16: ``gains[recipe]`` is the gain at
+    N = 64 (1.0 at N = 1), ``collapsed`` the (recipe, N) cells with a collapsed run."""
+    rows = [
+        {"recipe": r, "N": N, "T": 16, "gain": g if N == 64 else 1.0, "gain_se": 0.01,
+         "collapsed": int((r, N) in collapsed), "runs": 2}
+        for r, g in gains.items()
+        for N in (1, 64)
+    ]  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+GAINS = {"grpo": 0.1, "gspo": 0.3, "sapo": 0.2, "vespo": 0.9, "tis": 0.5, "mis": 0.7}
+
+
+def test_collapse_map_verdict_follows_the_data():
+    """The ranking, the lowest cells and VESPO's claim are read off the grid: the claim is
+    REPRODUCED only when VESPO never collapses and GRPO, GSPO and SAPO all collapse at the
+    largest N; otherwise the line says which part failed."""
+    paper = {("grpo", 64), ("gspo", 64), ("sapo", 64)}
+    text = "\n".join(collapse_map.paper_verdict(collapse_grid(GAINS, paper)))
+    order = ["VESPO 0.90", "seq-MIS 0.70", "token-TIS 0.50", "GSPO 0.30", "SAPO 0.20", "GRPO 0.10"]
+    assert "N = 64, T = 16 (mean ± SE): " + " ± 0.01 > ".join(order) + " ± 0.01." in text
+    assert "Lowest cell per recipe: GRPO 0.10 (N = 64, T = 16);" in text
+    assert "Cells with a collapsed run: GRPO (N = 64, T = 16); GSPO" in text
+    assert ": REPRODUCED on this map — VESPO never collapsed;" in text
+
+    vespo_fails = "\n".join(
+        collapse_map.paper_verdict(collapse_grid(GAINS, paper | {("vespo", 1)}))
+    )
+    assert "NOT reproduced on this map — VESPO collapsed;" in vespo_fails
+    sapo_holds = "\n".join(collapse_map.paper_verdict(collapse_grid(GAINS, paper - {("sapo", 64)})))
+    assert "NOT reproduced" in sapo_holds and "SAPO did not collapse at N = 64" in sapo_holds
+    calm = "\n".join(collapse_map.paper_verdict(collapse_grid(GAINS, set())))
+    assert "No run collapsed (none lost more than 50% of its best gain)." in calm
+    assert "NOT reproduced" in calm
+    reordered = "\n".join(collapse_map.paper_verdict(collapse_grid(GAINS | {"grpo": 0.95}, paper)))
+    assert "(mean ± SE): GRPO 0.95 ± 0.01 > VESPO 0.90" in reordered

@@ -239,18 +239,17 @@ def test_warm_figure_is_copied_from_the_cache(tmp_path):
     machine.)"""
     env = {**os.environ, "SIMKIT_CACHE_DIR": str(tmp_path / "cache"), "MPLBACKEND": "Agg"}
     env.pop("SIMKIT_SMALL", None)
-    out = tmp_path / "f"
-    cmd = [sys.executable, "-m", "simkit", "figures", "mse_vs_T", "--out", str(out)]
 
-    def run():
+    def run(out):
+        cmd = [sys.executable, "-m", "simkit", "figures", "mse_vs_T", "--out", str(out)]
         proc = subprocess.run(
             cmd, env=env, check=True, capture_output=True, text=True, cwd=tmp_path
         )
         files = {p.name: p.read_bytes() for p in out.glob("mse_vs_T.*")}
         return proc.stdout + proc.stderr, files
 
-    cold_log, cold_files = run()
-    warm_log, warm_files = run()
+    cold_log, cold_files = run(tmp_path / "cold")
+    warm_log, warm_files = run(tmp_path / "warm")  # a fresh directory: the files must be copied
     assert "(1 computed, 0 redrawn from cached data, 0 from the cache)" in cold_log, cold_log
     assert "(0 computed, 0 redrawn from cached data, 1 from the cache)" in warm_log, warm_log
     assert set(cold_files) == {"mse_vs_T.png", "mse_vs_T.pdf"}
