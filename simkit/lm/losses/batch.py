@@ -87,7 +87,8 @@ class _Batch:
     def count_outside(self, inside: torch.Tensor) -> torch.Tensor:
         """Number of 0 entries of the 0/1 float ``inside`` (N, T), which must be 1 on every
         padded position (a band that contains r = 1): the clipped valid tokens."""
-        # a float32 sum of 0/1 is exact up to 2^24 entries (and 5x faster than float64 here)
+        # a float32 sum of 0/1 is exact up to 2^24 entries (and ~4.5x faster than float64:
+        # 256×2048, one thread, torch 2.13 CPU, 0.025 vs 0.11 ms, best of 5)
         exact = inside.numel() <= 2**24 or inside.dtype == torch.float64
         return inside.numel() - inside.sum(dtype=None if exact else torch.float64)
 
