@@ -203,6 +203,27 @@ def test_gradient_equals_registry_coefficients_without_padding(name, agg):
     _assert_gradient_is_the_registrys(name, lp, old, np.ones_like(mask), adv, agg)
 
 
+def test_autograd_building_blocks_differentiate_as_documented():
+    """capped_exp, band_clamp and analytic_surrogate (public, no longer inside policy_loss):
+    their values and gradients are the documented ones, exactly."""
+    x0 = torch.linspace(-3.0, 3.0, 13, dtype=torch.float64)
+    x = x0.clone().requires_grad_()
+    y = losses.capped_exp(x, 1.0)
+    y.sum().backward()
+    capped = torch.exp(x0.clamp(max=1.0))
+    assert torch.equal(y.detach(), capped) and torch.equal(x.grad, capped)  # also above the cap
+    x.grad = None
+    F, outside = losses.band_clamp(x, torch.tensor(-1.0), torch.tensor(2.0))
+    F.sum().backward()
+    inside = (x0 >= -1.0) & (x0 <= 2.0)
+    assert torch.equal(F.detach(), x0.clamp(-1.0, 2.0)) and torch.equal(outside, ~inside)
+    assert torch.equal(x.grad, inside.to(x0.dtype))
+    x.grad = None
+    F = losses.analytic_surrogate(x, lambda v: (torch.sin(v), torch.cos(v)))
+    F.sum().backward()
+    assert torch.equal(F.detach(), torch.sin(x0)) and torch.equal(x.grad, torch.cos(x0))
+
+
 @pytest.mark.parametrize("name", [n for n in mappings.available() if n != "naive"])
 def test_consistency_inputs_exercise_each_default_mapping(name):
     """The consistency test is not vacuous: on its inputs every default mapping's coefficient

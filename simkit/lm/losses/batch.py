@@ -8,8 +8,6 @@ from dataclasses import dataclass
 
 import torch
 
-from simkit.lm.losses.autograd import capped_exp
-
 
 @dataclass(frozen=True)
 class _Batch:
@@ -63,13 +61,6 @@ class _Batch:
     def per_row(self, value_pos: float, value_neg: float) -> torch.Tensor:
         """(N,) tensor: ``value_pos`` on rows with A >= 0, ``value_neg`` on the others."""
         return torch.full_like(self.log_w, value_neg).masked_fill_(self.positive, value_pos)
-
-    def ratio(self, cap: float) -> torch.Tensor:
-        """r = exp(min(log r, cap)) (N, T), differentiable with ∂r/∂log r = r also above the cap
-        (:func:`capped_exp`); a plain ``exp`` when no log-ratio exceeds the cap."""
-        if self.lr_max <= cap:
-            return torch.exp(self.log_ratio)
-        return capped_exp(self.log_ratio, cap)
 
     def ratio_value(self, log_ratio: torch.Tensor, cap: float, out=None) -> torch.Tensor:
         """exp(min(``log_ratio``, cap)) without autograd, for a kernel that computes its own
