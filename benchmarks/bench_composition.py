@@ -170,12 +170,7 @@ def time_dp(args) -> int:
     mu = softmax(np.log(old) + 0.1 * rng.standard_normal(logits.shape), axis=-1)
 
     def cpu_best(fn):
-        best = math.inf
-        for _ in range(args.repeats):
-            start = time.thread_time()
-            fn()
-            best = min(best, time.thread_time() - start)
-        return best
+        return best_time(fn, args.repeats, clock=time.thread_time)
 
     print(f"S = V = {S}, T = {T}; CPU time of one thread, best of {args.repeats}")
     rows = []

@@ -176,12 +176,16 @@ def test_gradient_equals_registry_coefficients(variant, agg):
     if name in CONSISTENCY_EXCEPTIONS:
         pytest.xfail(CONSISTENCY_EXCEPTIONS[name])
     old, lp, mask, adv = make_inputs()
+    _assert_gradient_is_the_registrys(name, lp, old, mask, adv, agg, preset=preset, **hp)
+
+
+def _assert_gradient_is_the_registrys(name, lp, old, mask, adv, agg, preset=None, **hp):
     m = mappings.get(name, preset=preset, **hp)
     c = registry_coefficients(m, lp, old, mask, adv)
     expected = -c * adv[:, None] * aggregation_weights(mask, agg)
     if name == "kl_cov":
         # the one gradient term with no c·A form (documented in KLCov): κ·sign(log r)/Z on a
-        # penalised token of a row with A = 0 (row 2 of these inputs)
+        # penalised token of a row with A = 0 (row 2 of make_inputs)
         sel = m.selected(lp - old, mask, adv, log_prob=lp) & (adv == 0)[:, None]
         expected += m.kappa * np.sign(lp - old) * sel * aggregation_weights(mask, agg)
     _, grad, _ = torch_grad(name, lp, old, mask, adv, agg=agg, preset=preset, **hp)
@@ -196,15 +200,28 @@ def test_gradient_equals_registry_coefficients_without_padding(name, agg):
     if name in CONSISTENCY_EXCEPTIONS:
         pytest.xfail(CONSISTENCY_EXCEPTIONS[name])
     old, lp, mask, adv = make_inputs(seed=3)
-    mask = np.ones_like(mask)
-    m = mappings.get(name)
-    c = registry_coefficients(m, lp, old, mask, adv)
-    expected = -c * adv[:, None] * aggregation_weights(mask, agg)
-    if name == "kl_cov":
-        sel = m.selected(lp - old, mask, adv, log_prob=lp) & (adv == 0)[:, None]
-        expected += m.kappa * np.sign(lp - old) * sel * aggregation_weights(mask, agg)
-    _, grad, _ = torch_grad(name, lp, old, mask, adv, agg=agg)
-    np.testing.assert_allclose(grad.numpy(), expected, rtol=RTOL, atol=1e-14)
+    _assert_gradient_is_the_registrys(name, lp, old, np.ones_like(mask), adv, agg)
+
+
+def test_autograd_building_blocks_differentiate_as_documented():
+    """capped_exp, band_clamp and analytic_surrogate (public, no longer inside policy_loss):
+    their values and gradients are the documented ones, exactly."""
+    x0 = torch.linspace(-3.0, 3.0, 13, dtype=torch.float64)
+    x = x0.clone().requires_grad_()
+    y = losses.capped_exp(x, 1.0)
+    y.sum().backward()
+    capped = torch.exp(x0.clamp(max=1.0))
+    assert torch.equal(y.detach(), capped) and torch.equal(x.grad, capped)  # also above the cap
+    x.grad = None
+    F, outside = losses.band_clamp(x, torch.tensor(-1.0), torch.tensor(2.0))
+    F.sum().backward()
+    inside = (x0 >= -1.0) & (x0 <= 2.0)
+    assert torch.equal(F.detach(), x0.clamp(-1.0, 2.0)) and torch.equal(outside, ~inside)
+    assert torch.equal(x.grad, inside.to(x0.dtype))
+    x.grad = None
+    F = losses.analytic_surrogate(x, lambda v: (torch.sin(v), torch.cos(v)))
+    F.sum().backward()
+    assert torch.equal(F.detach(), torch.sin(x0)) and torch.equal(x.grad, torch.cos(x0))
 
 
 @pytest.mark.parametrize("name", [n for n in mappings.available() if n != "naive"])

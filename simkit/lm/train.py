@@ -63,6 +63,7 @@ import torch
 from simkit import estimators
 from simkit._validation import int_at_least
 from simkit.lm import losses, models
+from simkit.lm.arg_checks import _model_device
 from simkit.lm.tasks import TokenTask
 from simkit.shards import atomic_write
 
@@ -186,15 +187,10 @@ def _log_probs(model, ids, attn, resp, processor=None):
     return models.sequence_log_probs(model, ids, attn, resp, logits_processor=processor)
 
 
-def _device(model) -> torch.device:
-    """Where the model's parameters live (CPU for a model without parameters)."""
-    return next((p.device for p in model.parameters()), torch.device("cpu"))
-
-
 def _evaluate(model, task: TokenTask, cfg: LMTrainConfig, seed: int, step: int):
     prompts = torch.tensor(task.prompt_ids(), dtype=torch.long)
     idx = np.arange(cfg.eval_samples) % len(prompts)
-    gen = torch.Generator(device=_device(model)).manual_seed(
+    gen = torch.Generator(device=_model_device(model)).manual_seed(
         int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
     )
     roll = models.sample_responses(model, prompts[idx], cfg.response_length, gen)
@@ -221,7 +217,7 @@ def train_lm(model, config: LMTrainConfig, seed: int = 0, *, out_dir=None, stop_
     )
     prompts = torch.tensor(train_task.prompt_ids(), dtype=torch.long)
     opt = torch.optim.Adam(model.parameters(), lr=config.lr)
-    device = _device(model)
+    device = _model_device(model)
     gen = torch.Generator(device=device).manual_seed(seed)
     versions: list[dict] = []
     rows: list[dict] = []

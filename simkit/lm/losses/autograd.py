@@ -106,7 +106,8 @@ def analytic_surrogate(
     """The surrogate F = ``value_and_derivative(log_ratio)[0]`` (N, T), differentiable w.r.t.
     ``log_ratio`` with ∂F_t/∂log r_t = ``value_and_derivative(log_ratio)[1]`` (token t's own
     log-ratio only, as every per-token surrogate here). The pair must be F and its exact
-    derivative; the tests check both against :mod:`simkit.mappings` (values and ``c``)."""
+    derivative (the kernels of :func:`~simkit.lm.losses.policy_loss` no longer go through this
+    step; a test checks the step itself)."""
     if not log_ratio.requires_grad:
         with torch.no_grad():
             return value_and_derivative(log_ratio)[0]

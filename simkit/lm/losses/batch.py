@@ -8,8 +8,6 @@ from dataclasses import dataclass
 
 import torch
 
-from simkit.lm.losses.autograd import capped_exp
-
 
 @dataclass(frozen=True)
 class _Batch:
@@ -64,13 +62,6 @@ class _Batch:
         """(N,) tensor: ``value_pos`` on rows with A >= 0, ``value_neg`` on the others."""
         return torch.full_like(self.log_w, value_neg).masked_fill_(self.positive, value_pos)
 
-    def ratio(self, cap: float) -> torch.Tensor:
-        """r = exp(min(log r, cap)) (N, T), differentiable with ∂r/∂log r = r also above the cap
-        (:func:`capped_exp`); a plain ``exp`` when no log-ratio exceeds the cap."""
-        if self.lr_max <= cap:
-            return torch.exp(self.log_ratio)
-        return capped_exp(self.log_ratio, cap)
-
     def ratio_value(self, log_ratio: torch.Tensor, cap: float, out=None) -> torch.Tensor:
         """exp(min(``log_ratio``, cap)) without autograd, for a kernel that computes its own
         derivative; ``log_ratio`` is this batch's (its detached values). ``out``: a buffer of
@@ -87,7 +78,8 @@ class _Batch:
     def count_outside(self, inside: torch.Tensor) -> torch.Tensor:
         """Number of 0 entries of the 0/1 float ``inside`` (N, T), which must be 1 on every
         padded position (a band that contains r = 1): the clipped valid tokens."""
-        # a float32 sum of 0/1 is exact up to 2^24 entries (and 5x faster than float64 here)
+        # a float32 sum of 0/1 is exact up to 2^24 entries (and ~4.5x faster than float64:
+        # 256×2048, one thread, torch 2.13 CPU, 0.025 vs 0.11 ms, best of 5)
         exact = inside.numel() <= 2**24 or inside.dtype == torch.float64
         return inside.numel() - inside.sum(dtype=None if exact else torch.float64)
 

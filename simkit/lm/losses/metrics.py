@@ -108,6 +108,8 @@ def _sequence_stats(log_w: np.ndarray) -> tuple[float, float, float]:
 
 
 def _logsumexp(x: np.ndarray) -> float:
+    # not scipy.special.logsumexp: ~65 µs a call against ~4.5 µs (64 values, this project's
+    # CPU machine), twice per loss call of ~0.06 ms on a small batch
     m = float(x.max())
     if not math.isfinite(m):
         return m
