@@ -38,30 +38,44 @@ def test_nth_flagged_equals_flatnonzero(n, density):
     np.testing.assert_array_equal(got.numpy(), idx[ranks])
 
 
-def _uses_blocks(n, k):
-    return k < n and 4 * k * B <= n
+@pytest.fixture
+def block_path(monkeypatch):
+    """Counts the calls of the block path of ``top_k_first`` (its gather of the chosen blocks),
+    so that a test observes which path ran instead of restating the size rule."""
+    calls = []
+    gather = selection._gather_blocks
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return gather(*args, **kwargs)
+
+    monkeypatch.setattr(selection, "_gather_blocks", spy)
+    return calls
 
 
 @pytest.mark.parametrize("n", [40 * B, 40 * B + 17, 20000])
 @pytest.mark.parametrize("k", [1, 3, 10])
 @pytest.mark.parametrize("kind", ["continuous", "ties", "minus_inf", "sorted"])
-def test_top_k_first_equals_numpy(n, k, kind):
-    """The block path (4·k·BLOCK <= n) against numpy's full partition, ties at the k-th value
-    included (integer values: many ties), −inf entries (padding) and increasing data (the top
-    k in the short last block)."""
-    assert _uses_blocks(n, k)
+def test_top_k_first_equals_numpy(n, k, kind, block_path):
+    """The block path (4·k·BLOCK <= n; the spy checks that it ran) against numpy's full
+    partition: ties at the k-th value that reach beyond the top k (few enough blocks that the
+    block path, not the many-ties fallback, handles them), −inf entries (padding) and
+    increasing data (the top k in the short last block)."""
     rng = np.random.default_rng(n + k)
     if kind == "continuous":
         values = rng.normal(size=n)
-    elif kind == "ties":
-        values = rng.integers(0, 30, n).astype(float)
-    elif kind == "minus_inf":
-        values = np.where(rng.random(n) < 0.5, -np.inf, rng.integers(0, 5, n).astype(float))
+    elif kind == "ties":  # k + 2 equal maxima in at most k + 2 blocks: ties beyond the top k
+        values = rng.normal(size=n)
+        values[rng.choice(n, k + 2, replace=False)] = 5.0
+    elif kind == "minus_inf":  # half padding, and a tie at the k-th value as above
+        values = np.where(rng.random(n) < 0.5, -np.inf, rng.normal(size=n))
+        values[rng.choice(n, k + 2, replace=False)] = 5.0
     else:
         values = np.arange(n, dtype=float)
     expected = numpy_top_k_first(values, k)
     got = selection.top_k_first(torch.tensor(values), k)
     np.testing.assert_array_equal(got.numpy(), expected)
+    assert block_path, "the block path must have run (else this tests the full scan only)"
     if kind == "ties":  # the test has ties at the k-th value beyond the top k
         assert (values == values[expected].min()).sum() > np.sum(
             values[expected] == values[expected].min()
@@ -128,14 +142,23 @@ def _assert_grad_is_the_registrys(m, lp, old, mask, adv, seed=None, rtol=1e-10, 
     return metrics
 
 
+@pytest.mark.parametrize("k", [1, 10])
+def test_top_k_first_with_ties_in_most_blocks_scans_everything(k, block_path):
+    """Integer values 0–4: the k-th largest value ties in most blocks, so the selection falls
+    back to the full scan (the spy sees no block gather) and still equals numpy's."""
+    values = np.random.default_rng(k).integers(0, 5, 40 * B).astype(float)
+    got = selection.top_k_first(torch.tensor(values), k)
+    np.testing.assert_array_equal(got.numpy(), numpy_top_k_first(values, k))
+    assert not block_path
+
+
 @pytest.mark.parametrize("full", [False, True])
 @pytest.mark.parametrize("ratio", [0.001, 0.003])
-def test_kl_cov_on_a_large_batch_equals_the_registry(full, ratio):
+def test_kl_cov_on_a_large_batch_equals_the_registry(full, ratio, block_path):
     old, lp, mask, adv = _large_batch(5, full)
     m = mappings.get("kl_cov", ratio=ratio)
-    k = max(1, int(mask.sum() * ratio))
-    assert _uses_blocks(mask.size, k)
     metrics = _assert_grad_is_the_registrys(m, lp, old, mask, adv)
+    assert block_path, "kl_cov's selection must take the block path on this batch"
     sel = m.selected(lp - old, mask, adv, log_prob=lp)
     assert metrics["clip_frac"] == np.count_nonzero((lp - old)[sel]) / mask.sum()
 

@@ -31,7 +31,7 @@ class RoundedConstrainedLayout(ConstrainedLayoutEngine):
     values were all identical. The PNG does not see it, but the PDF writes coordinates to
     1e-6 pt, so a coordinate on a rounding boundary printed differently (``402.704385`` vs
     ``402.704386``): 12 saves of the full-size figure gave two different PDFs (same PNG);
-    with the rounding, 30 of 30 were identical. Rounded to 1e-9 of the figure (≈ 6e-7 pt on
+    with the rounding, 30 of 30 were identical. Rounded to 1e-9 of the figure (≈ 5e-7 pt on
     a 7-inch figure), the ulp noise can change a position only when it lies within ≈ 1e-16
     of a rounding midpoint; against the unrounded layout the PNGs differ by at most 3/255 in
     at most 0.1 % of the pixels (antialiased edges; 5 of 21 figures at small size).

@@ -247,7 +247,7 @@ def load(cfg, default_target: int | None = 0):
             kwargs.setdefault("target", default_target)
     task = tasks.get_task(cfg.task, **kwargs)
     if getattr(cfg, "target_auto", False):
-        from simkit.lm.exact_cli import auto_target
+        from simkit.lm.exact import auto_target
 
         target = auto_target(model, [task.prompt_ids(tokenizer)[cfg.prompts[0]]], cfg.k)
         task = tasks.get_task(cfg.task, **{**kwargs, "target": target})

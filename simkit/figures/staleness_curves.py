@@ -9,8 +9,9 @@ aggregation, GRPO group advantage), N ∈ {1, 4, 8, 16, 32, 64}, several seeds.
 
 Setting (full size): ``TokenMDP.at_least_k(V = 32, T = 64, k = 6)`` (R = 1 iff token 0 occurs
 at least 6 times; J(π₀) ≈ 0.003, J* = 1), asynchronous lag of 8 policy versions, Adam (lr 0.3,
-gradient norm clipped to 1) — the corner of the ``collapse_regimes`` map where the recipes
-separate (issue 16, whose review measured KL_seq ≤ 5.4 nats at lag 0, lr 0.03), mini-batch
+gradient norm clipped to 1) — a corner of the ``collapse_regimes`` map, whose notes list
+from its data the cells where the recipes' labels differ (issue 16's review measured
+KL_seq ≤ 5.4 nats at the earlier lag 0, lr 0.03), mini-batch
 of m = 32 sequences (4 groups of G = 8) per update and rollout batch N·m, so that every N takes
 the same 1000 updates on the same number of samples and only the staleness changes; J exact
 every 10 steps; seeds 0, 1, 2 (a seed fixes the run's random streams; without lag — the small
@@ -56,9 +57,9 @@ CAPTION = (
     "exact J(π) against the optimizer step for the GRPO, GSPO, SAPO, VESPO, token-TIS and "
     "seq-MIS recipes on a token MDP (at_least_k, V = 32, T = 64, J* = 1), one panel per "
     "staleness N (a rollout batch of N mini-batches of 32 sequences, updated in sequence; "
-    "asynchronous lag 8, Adam, lr 0.3: the regime where the collapse_regimes map separates the "
-    "recipes), mean over 3 seeds with the min–max band. The notes state the drift reached and "
-    "whether the "
+    "asynchronous lag 8, Adam, lr 0.3: a setting taken from the collapse_regimes map, whose "
+    "notes list the cells where recipes separate), mean over 3 seeds with the min–max band. "
+    "The notes state the drift reached and whether the "
     "paper's ordering (VESPO stable to N = 64 while GRPO, GSPO and SAPO collapse) is reproduced "
     "here, as measured."
 )

@@ -35,14 +35,6 @@ EXACT_COLUMNS = (
 )
 
 
-def auto_target(model, prompts, k: int) -> int:
-    """:func:`simkit.lm.exact.auto_target` (the library function; this name is kept for the
-    callers that imported it from here)."""
-    from simkit.lm import exact
-
-    return exact.auto_target(model, prompts, k)
-
-
 def _load_with_target(args, k: int):
     auto = args.target is None
     if auto:
