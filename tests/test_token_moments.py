@@ -8,6 +8,7 @@ of the moments, which are O(1) here).
 
 import numpy as np
 import pytest
+from conftest import noisy_policy
 
 from simkit import experiment, mappings
 from simkit.envs import TokenMDP
@@ -25,12 +26,9 @@ DP_MAPPINGS = [*TOKEN_MAPPINGS, "is_seq", "power"]
 
 
 def _behaviour(env, seed, scale=0.6, zero=False):
-    rng = np.random.default_rng(seed)
-    logits = env.logits + scale * rng.standard_normal(env.logits.shape)
-    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    if zero:  # a token μ never emits (π does): sequence IS loses its mass
-        e[..., -1] = 0.0
-    return e / e.sum(axis=-1, keepdims=True)
+    """μ = softmax(π's logits + noise); ``zero``: a token μ never emits (π does), so sequence
+    IS loses its mass."""
+    return noisy_policy(env.logits, seed, scale, zero_last=zero)
 
 
 def _envs():

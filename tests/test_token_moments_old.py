@@ -5,6 +5,7 @@ policies: π, π_old, μ) by DP, against enumeration (:func:`simkit.experiment.e
 
 import numpy as np
 import pytest
+from conftest import noisy_policy
 
 from simkit import experiment, mappings
 from simkit.envs import TokenMDP
@@ -15,12 +16,8 @@ TOL = 1e-10
 
 
 def _tilt(env, seed, scale, base=None):
-    rng = np.random.default_rng(seed)
-    logits = (env.logits if base is None else np.log(base)) + scale * rng.standard_normal(
-        env.logits.shape
-    )
-    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
+    """softmax of π's logits (or of log ``base``) plus scale·N(0, 1) noise."""
+    return noisy_policy(env.logits if base is None else np.log(base), seed, scale)
 
 
 def _envs():
