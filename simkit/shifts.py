@@ -428,8 +428,7 @@ class Tilt(ShiftFamily):
     def __post_init__(self):
         if not 0.0 <= self.angle <= math.pi / 2:
             raise ValueError(f"angle must be in [0, π/2], got {self.angle!r}")
-        if not isinstance(self.n_tail, (int, np.integer)) or self.n_tail < 1:
-            raise ValueError(f"n_tail must be a positive integer, got {self.n_tail!r}")
+        positive_int(self.n_tail, "n_tail")
 
     def check_rows(self, p):
         _require_support_larger(p, int(self.n_tail), "n_tail")

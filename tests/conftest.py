@@ -1,7 +1,22 @@
 """Shared test helpers: the small bandit sweep configuration the sweep, CLI, report and
-reliability tests write to disk (imported as ``from conftest import bandit_toml``)."""
+reliability tests write to disk (imported as ``from conftest import bandit_toml``), and the
+random token-MDP behaviours of the moment tests (``from conftest import noisy_policy``)."""
 
 from __future__ import annotations
+
+import numpy as np
+
+
+def noisy_policy(logits, seed: int, scale: float, zero_last: bool = False) -> np.ndarray:
+    """softmax(``logits`` + ``scale``·N(0, 1)) over the last axis, the noise drawn from
+    ``default_rng(seed)``. ``zero_last``: the last token gets probability 0 (a token the
+    behaviour never emits)."""
+    rng = np.random.default_rng(seed)
+    logits = logits + scale * rng.standard_normal(np.shape(logits))
+    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    if zero_last:
+        e[..., -1] = 0.0
+    return e / e.sum(axis=-1, keepdims=True)
 
 
 def bandit_toml(name: str, seed: int, targets, estimators=("naive", "is_seq")) -> str:

@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import pytest
+from conftest import noisy_policy
 
 from simkit import divergence, mappings
 from simkit.envs import TokenMDP, exact_token_level_mean
@@ -38,10 +39,7 @@ CASES = [(name, eos) for eos in (None, 2) for name in _envs(None)]
 
 
 def _behaviour(env, seed, scale=0.7):
-    rng = np.random.default_rng(seed)
-    logits = env.logits + scale * rng.standard_normal(env.logits.shape)
-    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
+    return noisy_policy(env.logits, seed, scale)
 
 
 def _brute_force(env, mu):

@@ -5,7 +5,11 @@ Every check raises ``ValueError`` naming the argument as the caller wrote it, be
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+
+from simkit._validation import positive_int
 
 
 def readonly(a, dtype=np.float64) -> np.ndarray:
@@ -49,3 +53,19 @@ def check_index(value, name: str, upper: int, what: str) -> int:
     if not 0 <= value < upper:
         raise ValueError(f"{name} must be {what} in [0, {upper}), got {value}")
     return int(value)
+
+
+def baseline_and_scale(T: int, baseline, aggregation: str, max_length) -> tuple[float, float]:
+    """The checked baseline b and the aggregation's 1/Z on sequences of at most ``T`` tokens:
+    1/T (``token-mean``), 1/``max_length`` (or 1/T when None; ``seq-mean-token-sum-norm``),
+    else 1."""
+    b = float(baseline)
+    if not math.isfinite(b):
+        raise ValueError(f"baseline must be finite, got {baseline}")
+    if max_length is not None and aggregation != "seq-mean-token-sum-norm":
+        raise ValueError("max_length applies to aggregation 'seq-mean-token-sum-norm' only")
+    if aggregation == "token-mean":
+        return b, 1.0 / T
+    if aggregation == "seq-mean-token-sum-norm":
+        return b, 1.0 / (T if max_length is None else positive_int(max_length, "max_length"))
+    return b, 1.0

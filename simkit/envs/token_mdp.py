@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simkit._validation import as_prob, positive_int
+from simkit._validation import as_prob
 from simkit.envs._checks import (
+    baseline_and_scale,
     check_index,
     int_array,
     readonly,
@@ -423,27 +424,17 @@ def exact_token_level_mean(
             f"{getattr(mapping, 'level', None)!r}); use the enumeration path (support) instead"
         )
     mu = env.check_policy(mu)
-    b = float(baseline)
-    if not math.isfinite(b):
-        raise ValueError(f"baseline must be finite, got {baseline}")
     if aggregation not in TOKEN_LEVEL_AGGREGATIONS:
         raise ValueError(
             f"aggregation must be one of {TOKEN_LEVEL_AGGREGATIONS} (a deterministic Z), got "
             f"{aggregation!r}"
         )
-    if max_length is not None and aggregation != "seq-mean-token-sum-norm":
-        raise ValueError("max_length applies to aggregation 'seq-mean-token-sum-norm' only")
-    if aggregation == "token-mean":
-        if not env.fixed_length:
-            raise ValueError(
-                "aggregation 'token-mean' has a random Z = total tokens when lengths vary "
-                "(eos is set): its mean is not a per-sample quantity"
-            )
-        inv_z = 1.0 / env.T
-    elif aggregation == "seq-mean-token-sum-norm":
-        inv_z = 1.0 / (env.T if max_length is None else positive_int(max_length, "max_length"))
-    else:
-        inv_z = 1.0
+    b, inv_z = baseline_and_scale(env.T, baseline, aggregation, max_length)
+    if aggregation == "token-mean" and not env.fixed_length:
+        raise ValueError(
+            "aggregation 'token-mean' has a random Z = total tokens when lengths vary "
+            "(eos is set): its mean is not a per-sample quantity"
+        )
     reach = mu > 0
     with np.errstate(divide="ignore"):
         ratio = np.where(reach, env.pi / np.where(reach, mu, 1.0), np.inf)

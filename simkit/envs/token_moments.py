@@ -57,6 +57,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simkit.envs._checks import baseline_and_scale
+
 #: aggregations with a deterministic per-sample Z: 1/Z per token for one sample
 DP_AGGREGATIONS = ("seq-mean-token-sum", "token-mean", "seq-mean-token-sum-norm")
 #: sequence-level mappings whose coefficient is a product of per-token factors
@@ -119,28 +121,13 @@ def dp_applies(env, mapping, aggregation: str) -> str:
     return f"mapping {mapping.name!r} has no per-token or product-form coefficient"
 
 
-def _baseline_and_scale(env, baseline, aggregation: str, max_length) -> tuple[float, float]:
-    """The checked baseline b and the aggregation's 1/Z: 1/T (``token-mean``), 1/``max_length``
-    (or 1/T when None; ``seq-mean-token-sum-norm``), else 1."""
-    b = float(baseline)
-    if not math.isfinite(b):
-        raise ValueError(f"baseline must be finite, got {baseline}")
-    if max_length is not None and aggregation != "seq-mean-token-sum-norm":
-        raise ValueError("max_length applies to aggregation 'seq-mean-token-sum-norm' only")
-    if aggregation == "token-mean":
-        return b, 1.0 / env.T
-    if aggregation == "seq-mean-token-sum-norm":
-        return b, 1.0 / (env.T if max_length is None else int(max_length))
-    return b, 1.0
-
-
 def moments(env, mu, mapping, baseline: float, aggregation="seq-mean-token-sum", max_length=None):
     """:class:`TokenMoments` of ``mapping`` (token level or product form) by DP, exact."""
     why = dp_applies(env, mapping, aggregation)
     if why:
         raise ValueError(f"no moment DP: {why}")
     mu = env.check_policy(mu)
-    b, inv_z = _baseline_and_scale(env, baseline, aggregation, max_length)
+    b, inv_z = baseline_and_scale(env.T, baseline, aggregation, max_length)
     if mapping.level == "token":
         return token_level_moments(env, mu, mapping, b, inv_z)
     return sequence_moments(env, mu, mapping, b, inv_z)
@@ -511,7 +498,7 @@ def composed_moments(
         raise ValueError(f"no moment DP: {why}")
     mu = env.check_policy(mu)
     old = env.pi if old is None else env.check_policy(old, "old")
-    b, inv_z = _baseline_and_scale(env, baseline, aggregation, max_length)
+    b, inv_z = baseline_and_scale(env.T, baseline, aggregation, max_length)
     if correction is None:  # the single-ratio estimator on π/μ, whatever π_old is
         legs = [(mapping, "pi", "mu")]
     elif mode == "bypass":

@@ -66,7 +66,9 @@ def sample_gradients(env, batch, estimator, old_log_ratio=None, rng=None) -> Mon
 def bootstrap_weights(reps: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
     """(n_boot, reps) resampling weights (counts / reps) of a nonparametric bootstrap."""
     weights = np.empty((n_boot, reps))
-    for b in range(n_boot):  # row by row: cache-friendly, ~10x faster than one big bincount
+    # row by row (n_boot = 1000, AMD EPYC, best of 3): 31 ms vs 37 ms for one big bincount at
+    # reps = 4000, but 19 vs 12 ms at reps = 1000 and 10 vs 1 ms at reps = 40
+    for b in range(n_boot):
         weights[b] = np.bincount(rng.integers(0, reps, size=reps), minlength=reps)
     return weights / reps
 
