@@ -117,6 +117,7 @@ from simkit.experiment.monte_carlo import (
     row_reliability,
     sample_gradients,
 )
+from simkit.experiment.plan import METHODS, Plan, plan
 from simkit.experiment.table import DIVERGENCE_COLUMNS, RESERVED, describe, tidy
 from simkit.reliability import KHAT_MIN_DISTINCT, khat_of_weights
 
@@ -124,10 +125,12 @@ __all__ = [
     "BOUNDED_METRICS",
     "DIVERGENCE_COLUMNS",
     "KHAT_MIN_DISTINCT",
+    "METHODS",
     "PARAMS",
     "PROGRESS_THRESHOLD",
     "ExactMoments",
     "MonteCarloDraws",
+    "Plan",
     "best_scale",
     "bias",
     "bias_dir",
@@ -139,10 +142,12 @@ __all__ = [
     "khat_of_weights",
     "monte_carlo_metrics",
     "oracle_baseline",
+    "plan",
     "run",
     "sample_gradients",
     "snr",
     "tie",
+    "why_not_exact",
 ]
 
 #: a progress bar is shown (``progress=None``) when the Monte Carlo work, counted in drawn
@@ -226,16 +231,16 @@ def run(
         raise ValueError(f"setting keys {clash} clash with mapping hyperparameter columns")
     for est in ests:
         est.check_batch_size(n)
+    plans = [plan(e, env, params, exact) for e in ests]  # how each row is computed, once
     if exact is True:
-        why = {e.name: why_not_exact(e, env, params) for e in ests}
-        bad = [f"{name!r} ({reason})" for name, reason in why.items() if reason]
+        bad = [f"{e.name!r} ({p.why_mc})" for e, p in zip(ests, plans) if not p.exact]
         if bad:
             raise ValueError(
                 "exact=True but these estimators have no exact path: "
                 + "; ".join(bad)
                 + ". Use exact='auto' to run them by Monte Carlo."
             )
-    use_exact = [exact is not False and not why_not_exact(e, env, params) for e in ests]
+    use_exact = [p.exact for p in plans]
 
     check_samples(reps, n, env.T)  # the batches are drawn at once: refuse what cannot fit
     old_p = None if old is None else legs.check_old(env, old)
@@ -258,7 +263,8 @@ def run(
     from tqdm.auto import tqdm
 
     rows = []
-    for est, is_exact in tqdm(list(zip(ests, use_exact)), desc="estimators", disable=not progress):
+    for est, how in tqdm(list(zip(ests, plans)), desc="estimators", disable=not progress):
+        is_exact = how.exact
         draws = sample_gradients(env, batch, est, old_lr, np.random.default_rng(coef_ss))
         if params == "tied":
             draws = MonteCarloDraws(tie(draws.gradients, env.T), draws.coefficients, draws.mask)
@@ -282,6 +288,8 @@ def run(
                 **metrics,
                 "khat": khat_of_weights(coeff),
                 "exact": is_exact,
+                "method": how.method,
+                "why_mc": how.why_mc,
                 "reliable": trusted,
                 "tail_draws": nu,
             }
