@@ -228,7 +228,7 @@ def test_planner_answers_once_per_row_and_names_the_obstacle():
     assert got["naive"] == ("dp", "") and got["is_seq"] == ("dp", "")
     assert got["gspo"][0] == "monte_carlo" and "enumeration budget" in got["gspo"][1]
     assert got["snis"][0] == "monte_carlo" and "batch dependent" in got["snis"][1]
-    grpo = [k for k in got if k.startswith("naive") and k != "naive"][0]
+    grpo = next(k for k in got if k.startswith("naive") and k != "naive")
     assert "couples the samples" in got[grpo][1]
     assert set(table.method) <= set(experiment.METHODS)
     assert (table.exact == (table.method != "monte_carlo")).all()
