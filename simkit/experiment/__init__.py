@@ -16,6 +16,26 @@ policy gradient ∇J of an environment (DESIGN.md, "Metrics"):
   (:func:`effective_sample_size`; n/(1+χ²) for sequence IS, n for naive);
 - ``khat`` = the PSIS Pareto k̂ of the coefficient magnitudes |c| (:func:`khat_of_weights`).
 
+**Scale-free error** (:func:`~simkit.experiment.metrics.scale_free`). ĝ ≡ 0 has
+MSE = ‖∇J‖², so a mapping that shrinks or drops most samples can "win" on MSE while carrying no
+signal; rank by the error after the best step size instead:
+
+- ``mse_zero`` = ‖∇J‖², the MSE of ĝ ≡ 0 (draw it as a reference line on MSE figures);
+- ``alpha_star`` = ⟨E ĝ, ∇J⟩ / E‖ĝ‖² with E‖ĝ‖² = ‖E ĝ‖² + variance: the step a
+  learning-rate sweep would find;
+- ``mse_scaled`` = min_α E‖αĝ − ∇J‖² = ‖∇J‖² − ⟨E ĝ, ∇J⟩² / E‖ĝ‖²;
+- ``rel_mse_scaled`` = mse_scaled / mse_zero = 1 − cos²(E ĝ, ∇J)·snr/(1 + snr) ∈ [0, 1]:
+  invariant to rescaling ĝ, 1 for an estimator no better than doing nothing. Rankings use it.
+
+**Kept fractions** (:func:`~simkit.experiment.metrics.kept_fractions`): ``kept`` =
+E_μ[#valid tokens with c ≠ 0] / E_μ[#valid tokens] and ``kept_seq`` = P_μ(some valid c ≠ 0),
+what a mask or a rejection sampler leaves (1 for mappings that never zero a coefficient).
+
+**How a row is computed** is decided once, by the planner :func:`~simkit.experiment.plan.plan`,
+and recorded: ``method`` ∈ {``enumeration``, ``dp``, ``monte_carlo``} and, on Monte Carlo rows,
+``why_mc`` (the obstacle in words: a batch-dependent mapping, a group advantage, a random Z,
+more sequences than the enumeration budget without a moment DP, or ``exact=False``).
+
 Two paths compute them.
 
 **Exact** (estimators whose ĝ is a sum of independent per-sample terms,
@@ -51,7 +71,11 @@ Confidence bounds (``*_lo``/``*_hi``, at ``level``) come from a seeded bootstrap
 - ``variance``, ``mse``: studentized bootstrap (bootstrap-t, second-order accurate for these
   means of skewed per-rep values ‖ĝ_r − ḡ‖² and ‖ĝ_r − ∇J‖²; they cover slightly less than
   ``level`` when reps is small, e.g. ≈ 0.87–0.90 at level 0.9);
-- ``ess``: percentile bootstrap;
+- ``ess``, ``kept``, ``kept_seq``: percentile bootstrap;
+- ``mse_scaled``, ``rel_mse_scaled``: the point estimate uses the unbiased E‖ĝ‖² ≈ mean‖ĝ_r‖²
+  and ⟨E ĝ, ∇J⟩² ≈ ⟨ḡ, ∇J⟩² − s²/reps (s² the sample variance of ⟨ĝ_r, ∇J⟩); bounds are the
+  percentile bootstrap interval of the plug-in value, shifted by that debiasing, clipped to
+  [0, ‖∇J‖²];
 - ``snr``: [‖·‖²-bounds of the ball] / [variance bounds] (conservative).
 
 ``khat`` has no bounds; it is computed from the coefficients of all reps·n drawn samples, on
@@ -205,7 +229,10 @@ def run(
     ``hp_`` if the name clashes with a column), the ``setting`` columns, ``T``, ``params``,
     ``n``, ``reps``,
     ``chi2_tok`` … ``tv_seq``, the metrics (module docstring) with ``*_lo``/``*_hi`` bounds (NaN
-    on exact rows), ``khat``, ``exact``, ``reliable`` (False when a Monte Carlo row's intervals
+    on exact rows), the scale-free error ``mse_zero``, ``alpha_star``, ``mse_scaled``,
+    ``rel_mse_scaled`` and the kept fractions ``kept``, ``kept_seq`` (module docstring),
+    ``khat``, ``exact``, ``method`` and ``why_mc`` (the planner's answer,
+    :mod:`simkit.experiment.plan`), ``reliable`` (False when a Monte Carlo row's intervals
     cannot be trusted — heavy or unseen tails; always True on exact rows; the rule and its
     references are in :mod:`simkit.reliability`) and ``tail_draws`` (that rule's exact ν, the
     expected number of draws in the tail carrying E c̄²; NaN on exact rows and where it cannot
