@@ -271,3 +271,27 @@ def test_tied_dp_inside_monte_carlo_at_T_64(name):
     assert abs(sq.mean() - dp.second) <= z * se, (sq.mean(), dp.second, se)
     se_mean = h.std(axis=0, ddof=1) / np.sqrt(h.shape[0])
     assert np.all(np.abs(h.mean(axis=0) - dp.mean) <= z * se_mean + 1e-12)
+
+
+@pytest.mark.parametrize("name", ["ppo_clip", "naive", "is_seq"])
+def test_blocked_and_per_step_sweeps_agree(name):
+    """The two sweeps of the cross sum (one propagation per block of 16 positions, or per
+    position) on a T = 70 env (blocks of 16 and a partial one), with EOS, to 1e-12."""
+    from simkit.envs.token_moments import _product_kernels, _ratio, _rows
+    from simkit.envs.token_moments_tied import _cross_sum
+
+    env = TokenMDP.markov(3, 70, target=1, eos=2, seed=2, stationary=False)
+    mu = noisy_policy(env.logits, 11, 0.5)
+    m = mappings.get(name)
+
+    def tables(t0, t1):
+        P, M = _rows(env, env.pi, t0, t1), _rows(env, mu, t0, t1)
+        if m.level != "token":
+            return P, _product_kernels(env, mu, 1.0, t0, t1)[2], None
+        R = _ratio(P, M, 1.0)
+        return P, M, (m.phi(R, True), m.phi(R, False))
+
+    adv = env.reward - env.J(mu)
+    blocked = _cross_sum(env, tables, adv, blocked=True)
+    per_step = _cross_sum(env, tables, adv, blocked=False)
+    assert blocked == pytest.approx(per_step, rel=1e-12)
