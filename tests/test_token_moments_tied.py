@@ -295,3 +295,12 @@ def test_blocked_and_per_step_sweeps_agree(name):
     blocked = _cross_sum(env, tables, adv, blocked=True)
     per_step = _cross_sum(env, tables, adv, blocked=False)
     assert blocked == pytest.approx(per_step, rel=1e-12)
+
+
+def test_tied_second_moment_beyond_the_float_range_is_inf():
+    """Sequence IS at T = 4096 under a large mismatch: E W² overflows; inf, not NaN."""
+    env = TokenMDP.answer_correct(3, 4096, seed=1)
+    mu = noisy_policy(env.logits, 3, 3.0)
+    dp = tied_moments(env, mu, mappings.get("is_seq"), 0.5)
+    assert dp.second == np.inf
+    assert np.all(np.isfinite(dp.mean))

@@ -94,7 +94,8 @@ def tied_moments(
     """:class:`TokenMoments` of ``mapping`` with tied parameters by DP, exact at any T.
 
     ``mean`` has the tied shape (P·V,) (the untied mean summed over positions); ``second`` is
-    E‖h‖² of the tied h (module docstring); ``abs_sum``, ``sq_sum``, ``mean_length`` (the ESS
+    E‖h‖² of the tied h (module docstring; inf when a sweep leaves the float range, as the
+    untied DP's); ``abs_sum``, ``sq_sum``, ``mean_length`` (the ESS
     sums) do not depend on the parameterisation and equal the untied ones.
     """
     why = tied_dp_applies(env, mapping, aggregation)
@@ -158,10 +159,17 @@ def tied_composed_moments(
     return _tied(env, untied, _cross_sum(env, tables, env.reward - b), inv_z)
 
 
+def _exp(x: float) -> float:
+    """exp(x), inf beyond the float range (math.exp raises there)."""
+    return math.exp(x) if x < 709.0 else math.inf
+
+
 def _tied(env, untied: TokenMoments, cross: float, inv_z: float) -> TokenMoments:
     """The tied moments from the untied ones and the a = 1 cross sum."""
     with np.errstate(over="ignore", invalid="ignore"):
         second = untied.second + 2.0 * inv_z**2 * cross
+    if not math.isfinite(second):  # a sweep left the float range: the moment is not resolved
+        second = math.inf
     return TokenMoments(
         mean=untied.mean.reshape(env.T, -1).sum(axis=0),
         second=float(second),
@@ -264,7 +272,7 @@ def _per_step_sweep(env, tables, plan) -> float:
                             w.sum(axis=1) @ D_pi[:, j]
                         )
                         if value != 0.0:
-                            cross += math.exp(log_F + log_q[r]) * value
+                            cross += _exp(log_F + log_q[r]) * value
                 if t == T - 1:
                     break
                 # propagation: M_{t+1} = Hᵀ M_t + sources, F_{t+1} = Hᵀ F_t, all divided by
@@ -411,7 +419,7 @@ def _blocked_sweep(env, tables, plan, block: int = _TIED_BLOCK) -> float:
                         rt.sum(axis=1) @ D_pi[j]
                     )
                     if value != 0.0:
-                        cross += math.exp(ell + log_c[tau + 1] + log_q[r]) * value
+                        cross += _exp(ell + log_c[tau + 1] + log_q[r]) * value
             if t1 == T:
                 break
             # the messages at t1: M_{t0} through B[b, 0], the block's sources through B[b, u+1]
