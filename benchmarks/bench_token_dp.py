@@ -10,7 +10,14 @@ S = V = 64, T = 4096. Baseline measured in the same run: one softmax over the (T
 
 Issue 12: the exact DP mean **and variance** (:mod:`simkit.envs.token_moments`) of sequence IS
 and of a token-level mapping (PPO clip) at the same size, target < 2 s each on one core,
-reported as a ratio to J + ∇J measured in the same run. Results (best of ``--repeats``,
+reported as a ratio to J + ∇J measured in the same run.
+
+Issue 22: the same moments with **tied** parameters (:mod:`simkit.envs.token_moments_tied`: a
+forward message of partial score sums, one (S × S)·(S × m·P·V) BLAS matmul per position, m = 1
+message for sequence IS, 2 for PPO clip whose coefficient depends on the sign of A), target
+< 5 s on one core, reported as a ratio to the untied DP of the same mapping in the same run
+(wall clock and the calling thread's CPU time, which other load on the machine disturbs less).
+Every cell runs with one BLAS thread (``threadpoolctl``). Results (best of ``--repeats``,
 seconds and ratios to the floor and to J + ∇J) are printed and written as JSON to
 ``benchmarks/results/bench_token_dp.json`` (git-ignored).
 """
@@ -20,15 +27,18 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import time
 from pathlib import Path
 
 import numpy as np
 from scipy.special import softmax
+from threadpoolctl import threadpool_limits
 from timing import best_time
 
 from simkit import mappings
 from simkit.envs import TokenMDP
 from simkit.envs.token_moments import moments
+from simkit.envs.token_moments_tied import tied_moments
 
 
 def main(argv=None) -> int:
@@ -54,24 +64,28 @@ def main(argv=None) -> int:
         eos=V - 1,
     )
     mu = softmax(logits + 0.1 * rng.standard_normal(logits.shape), axis=-1)
-    floor = best_time(lambda: softmax(logits, axis=-1), args.repeats)
-    cells = {
-        "J": lambda: env.J(),
-        "grad_J": lambda: env.grad_J(),
-        "chi2_seq": lambda: env.chi2_seq(mu),
-        "kl_seq": lambda: env.kl_seq(mu),
-        "occupancy(mu)": lambda: env.occupancy(mu),
-        "moments is_seq (mean + var)": lambda: moments(env, mu, mappings.get("is_seq"), 0.5),
-        "moments ppo_clip (mean + var)": lambda: moments(env, mu, mappings.get("ppo_clip"), 0.5),
-    }
-    results = {name: best_time(fn, args.repeats) for name, fn in cells.items()}
+    with threadpool_limits(limits=1):
+        results, cpu, tied = _measure(env, mu, logits, args.repeats)
+    floor = results.pop("floor")
     results["J + grad_J + chi2_seq"] = results["J"] + results["grad_J"] + results["chi2_seq"]
     j_grad = results["J"] + results["grad_J"]
     print(f"S = P = {S}, V = {V}, T = {T} (D = {env.D:,}); floor softmax(logits) {floor:.3f} s")
     for name, sec in results.items():
         print(
-            f"  {name:<30s} {sec:8.3f} s   {sec / floor:6.1f} x floor   "
+            f"  {name:<36s} {sec:8.3f} s   {sec / floor:6.1f} x floor   "
             f"{sec / j_grad:5.2f} x (J + grad_J)"
+        )
+    ratios = {}
+    for name in tied:
+        untied = f"moments {name} (mean + var)"
+        key = f"tied_moments {name} (mean + var)"
+        ratios[key] = {
+            "wall": results[key] / results[untied],
+            "cpu": cpu[key] / cpu[untied],
+        }
+        print(
+            f"  {key}: {results[key]:.3f} s wall, {cpu[key]:.3f} s CPU = "
+            f"{ratios[key]['wall']:.2f} x (wall) / {ratios[key]['cpu']:.2f} x (CPU) the untied DP"
         )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -83,11 +97,42 @@ def main(argv=None) -> int:
                 "floor_softmax_s": floor,
                 "ratio_to_J_plus_grad_J": {k: v / j_grad for k, v in results.items()},
                 "seconds": results,
+                "cpu_seconds": cpu,
+                "tied_ratio_to_untied": ratios,
             },
             indent=2,
         )
     )
     return 0
+
+
+def _measure(env, mu, logits, repeats: int):
+    """Best wall-clock seconds of every cell (and ``"floor"``), the calling thread's CPU
+    seconds of the moment cells, and the mappings timed tied."""
+    tied = ("is_seq", "ppo_clip")
+    cells = {
+        "floor": lambda: softmax(logits, axis=-1),
+        "J": lambda: env.J(),
+        "grad_J": lambda: env.grad_J(),
+        "chi2_seq": lambda: env.chi2_seq(mu),
+        "kl_seq": lambda: env.kl_seq(mu),
+        "occupancy(mu)": lambda: env.occupancy(mu),
+    }
+    moment_cells = {}
+    for name in tied:
+        m = mappings.get(name)
+        moment_cells[f"moments {name} (mean + var)"] = lambda m=m: moments(env, mu, m, 0.5)
+    for name in tied:
+        m = mappings.get(name)
+        moment_cells[f"tied_moments {name} (mean + var)"] = lambda m=m: tied_moments(
+            env, mu, m, 0.5
+        )
+    results = {name: best_time(fn, repeats) for name, fn in cells.items()}
+    cpu = {}
+    for name, fn in moment_cells.items():
+        results[name] = best_time(fn, repeats)
+        cpu[name] = best_time(fn, 1, clock=time.thread_time)
+    return results, cpu, tied
 
 
 if __name__ == "__main__":

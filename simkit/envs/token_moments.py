@@ -186,14 +186,24 @@ class _Backward:
         self.first = True
 
     def at(self, t: int):
+        Q, log_q = self.q_of(self.snapshot())
+        self.first = False
+        return Q, log_q
+
+    def snapshot(self):
+        """The state that :meth:`at` reads, ``(nxt, log_nxt, first)``: kept by a caller that
+        needs Q of position t again later (:meth:`q_of`) without storing the (m, S, V) table."""
+        return self.nxt, self.log_nxt, self.first
+
+    def q_of(self, snapshot):
+        """``(Q (m, S, V), log_q (m,))`` of the position whose :meth:`snapshot` is given."""
+        nxt, log_q, first = snapshot
         env = self.env
-        Q = self.nxt.take(self.trans, axis=1).reshape(self.shape)  # nxt[:, trans], faster
-        log_q = self.log_nxt
-        if env.eos is not None and not self.first:
+        Q = nxt.take(self.trans, axis=1).reshape(self.shape)  # nxt[:, trans], faster
+        if env.eos is not None and not first:
             with np.errstate(over="ignore"):
                 ended = self.term[:, env.transition[:, env.eos]]
                 Q[:, :, env.eos] = ended * np.exp(-log_q)[:, None]
-        self.first = False
         return Q, log_q
 
     def step(self, value: np.ndarray, log_q: np.ndarray) -> None:
@@ -499,12 +509,24 @@ def composed_moments(
     mu = env.check_policy(mu)
     old = env.pi if old is None else env.check_policy(old, "old")
     b, inv_z = baseline_and_scale(env.T, baseline, aggregation, max_length)
+    legs = composed_legs(mapping, correction, mode)
+    factors = _composed_factors(env, mu, old, legs)
+    return _factored_moments(env, mu, factors, b, inv_z)
+
+
+def composed_legs(mapping, correction, mode: str):
+    """The ratio legs of a composed coefficient: ``[(mapping, numerator, denominator), …]`` with
+    policies named ``"pi"``, ``"old"``, ``"mu"`` (:func:`composed_moments`)."""
     if correction is None:  # the single-ratio estimator on π/μ, whatever π_old is
-        legs = [(mapping, "pi", "mu")]
-    elif mode == "bypass":
-        legs = [(mapping, "pi", "mu"), (correction, "pi", "mu")]
-    else:
-        legs = [(mapping, "pi", "old"), (correction, "old", "mu")]
+        return [(mapping, "pi", "mu")]
+    if mode == "bypass":
+        return [(mapping, "pi", "mu"), (correction, "pi", "mu")]
+    return [(mapping, "pi", "old"), (correction, "old", "mu")]
+
+
+def _composed_factors(env, mu, old, legs):
+    """``factors(t0, t1)``: the block tables of a composed coefficient c_t = g_t·Π_u κ_u over the
+    ratio ``legs`` (:func:`composed_legs`; ``mu``, ``old`` validated)."""
     policies = {"pi": env.pi, "old": old, "mu": mu}
     parts = [(m, _factor(m), policies[num], policies[den]) for m, num, den in legs]
 
@@ -529,7 +551,7 @@ def composed_moments(
             g_pos, g_neg = np.where(drawn, g_pos, 0.0), np.where(drawn, g_neg, 0.0)
         return P, M, g_pos, g_neg, kappa
 
-    return _factored_moments(env, mu, factors, b, inv_z)
+    return factors
 
 
 def _kernels_of(factor_tables):
