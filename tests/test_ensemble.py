@@ -139,6 +139,23 @@ def test_summarize_fractions_equal_a_hand_count():
     assert s.worst_fraction("c") == (2, 4)  # 0 and 3
 
 
+def test_summarize_tie_tolerance():
+    table = pd.DataFrame(
+        {
+            "instance": [0, 0, 0, 1, 1, 1],
+            "estimator": list("xyz") * 2,
+            "err": [1.0, 1.0005, 2.0, 1.0, 0.9, 2.0],
+        }
+    )
+    exact, loose = summarize(table, "err"), summarize(table, "err", tie_rtol=1e-3)
+    assert (exact.pair("x", "y").wins, exact.pair("x", "y").ties) == (1, 0)
+    assert (loose.pair("x", "y").wins, loose.pair("x", "y").ties) == (0, 1)
+    assert exact.best_fraction("x") == (1, 2) and loose.best_fraction("x") == (0, 2)
+    assert loose.best_fraction("y") == (1, 2)  # instance 1: 0.9 vs 1.0, beyond 0.1 %
+    with pytest.raises(ValueError, match="tie_rtol"):
+        summarize(table, "err", tie_rtol=-0.1)
+
+
 def test_summarize_higher_is_better_reverses_the_count():
     s = summarize(made_up_table(), "err", lower_is_better=False)
     assert (s.pair("b", "c").wins, s.pair("c", "b").wins) == (1, 3)

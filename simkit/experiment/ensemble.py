@@ -103,8 +103,9 @@ class Summary:
     stats : DataFrame indexed by estimator: ``median``, ``q25``, ``q75``, ``iqr`` (= q75 − q25)
         of the metric over instances, ``instances`` (how many instances have a finite value).
     values : DataFrame, instance × estimator: the metric (NaN where not finite).
+    tie_rtol : values within this relative distance are a tie (0: exactly equal only).
     pairs : DataFrame, one row per ordered pair (``a``, ``b``), a ≠ b: ``wins`` (instances where
-        a is strictly better than b), ``ties`` (equal values), ``losses``, ``instances`` (those
+        a is better than b beyond the tie tolerance), ``ties``, ``losses``, ``instances`` (those
         where both are finite), ``fraction`` = wins / instances (ties count as not winning),
         ``fraction_ties_half`` = (wins + ties/2) / instances.
     """
@@ -114,6 +115,7 @@ class Summary:
     stats: pd.DataFrame
     values: pd.DataFrame
     pairs: pd.DataFrame
+    tie_rtol: float = 0.0
 
     def pair(self, a: str, b: str) -> pd.Series:
         """The :attr:`pairs` row of (a, b)."""
@@ -129,12 +131,13 @@ class Summary:
         return f"{a} beats {b} in {int(row.wins)}/{int(row.instances)} instances{ties}"
 
     def best_fraction(self, name: str) -> tuple[int, int]:
-        """(k, m): ``name`` is strictly better than every other estimator in k of the m
-        instances where all estimators have a finite metric."""
+        """(k, m): ``name`` is better than every other estimator (beyond the tie tolerance) in
+        k of the m instances where all estimators have a finite metric."""
         return self._extreme(name, best=True)
 
     def worst_fraction(self, name: str) -> tuple[int, int]:
-        """(k, m): ``name`` is strictly worse than every other estimator in k of m instances."""
+        """(k, m): ``name`` is worse than every other estimator (beyond the tie tolerance) in
+        k of the m instances where all estimators have a finite metric."""
         return self._extreme(name, best=False)
 
     def _extreme(self, name: str, best: bool) -> tuple[int, int]:
@@ -146,14 +149,19 @@ class Summary:
         signed = values if self.lower_is_better else -values
         if not best:
             signed = -signed
-        mine = signed[:, list(full.columns).index(name)]
-        others = np.delete(signed, list(full.columns).index(name), axis=1)
-        wins = np.all(mine[:, None] < others, axis=1) if others.shape[1] else np.ones(len(mine))
+        j = list(full.columns).index(name)
+        mine, others = signed[:, j][:, None], np.delete(signed, j, axis=1)
+        scale = np.maximum(np.abs(values[:, j])[:, None], np.abs(np.delete(values, j, axis=1)))
+        wins = np.all(others - mine > self.tie_rtol * scale, axis=1)
         return int(np.sum(wins)), len(full)
 
 
 def summarize(
-    table: pd.DataFrame, metric: str, by: str = "estimator", lower_is_better: bool = True
+    table: pd.DataFrame,
+    metric: str,
+    by: str = "estimator",
+    lower_is_better: bool = True,
+    tie_rtol: float = 0.0,
 ) -> Summary:
     """Per estimator: median and inter-quartile range of ``metric`` over instances, and for
     every ordered pair (A, B) the number and fraction of instances where A's metric is better
@@ -161,9 +169,12 @@ def summarize(
 
     ``table`` is an :func:`ensemble` table (columns ``instance``, ``by`` and ``metric``; one row
     per (instance, estimator)). Quantiles are numpy's (linear interpolation) over the finite
-    values. Pairs are compared only on instances where both values are finite; **ties** (equal
-    values) are counted separately (``ties``) and are not wins: ``fraction`` = wins / instances,
-    and ``fraction_ties_half`` counts a tie as half a win. Returns a :class:`Summary`.
+    values. Pairs are compared only on instances where both values are finite; **ties** are
+    counted separately (``ties``) and are not wins: ``fraction`` = wins / instances, and
+    ``fraction_ties_half`` counts a tie as half a win. Two values x, y tie when
+    |x − y| ≤ ``tie_rtol``·max(|x|, |y|) (default 0: only equal values tie; a small tolerance
+    stops rounding-level differences between near-identical estimators from counting as wins).
+    Returns a :class:`Summary`.
     """
     if not isinstance(table, pd.DataFrame):
         raise ValueError(f"table must be a pandas DataFrame, got {type(table).__name__}")
@@ -174,6 +185,9 @@ def summarize(
         raise ValueError("table must have an 'instance' column (an ensemble table)")
     if not isinstance(lower_is_better, bool):
         raise ValueError(f"lower_is_better must be True or False, got {lower_is_better!r}")
+    ok = isinstance(tie_rtol, int | float) and not isinstance(tie_rtol, bool)
+    if not (ok and math.isfinite(tie_rtol) and 0 <= tie_rtol < 1):
+        raise ValueError(f"tie_rtol must be a number in [0, 1), got {tie_rtol!r}")
     if table.duplicated(["instance", by]).any():
         raise ValueError(
             f"table has several rows per (instance, {by}); select one setting before summarize"
@@ -205,10 +219,11 @@ def summarize(
                 continue
             both = wide[[a, b]].dropna()
             x, y = both[a].to_numpy(), both[b].to_numpy()
-            better = x < y if lower_is_better else x > y
-            worse = x > y if lower_is_better else x < y
+            tie = np.abs(x - y) <= tie_rtol * np.maximum(np.abs(x), np.abs(y))
+            better = ~tie & ((x < y) if lower_is_better else (x > y))
             m = len(both)
-            wins, ties, losses = int(better.sum()), int((x == y).sum()), int(worse.sum())
+            wins, ties = int(better.sum()), int(tie.sum())
+            losses = m - wins - ties
             pairs.append(
                 {
                     "a": a,
@@ -221,4 +236,4 @@ def summarize(
                     "fraction_ties_half": (wins + ties / 2) / m if m else math.nan,
                 }
             )
-    return Summary(metric, lower_is_better, stats, wide, pd.DataFrame(pairs))
+    return Summary(metric, lower_is_better, stats, wide, pd.DataFrame(pairs), float(tie_rtol))
