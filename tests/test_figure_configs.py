@@ -92,7 +92,7 @@ def bandit_bias_variance_dict(d: dict, cfg: bandit_bias_variance.Config) -> dict
     grid, every mapping (or ``mapping_names``) with defaults, oracle, seq-mean-token-sum."""
     names = cfg.mapping_names if cfg.mapping_names is not None else mappings.available()
     d = copy.deepcopy(d)
-    d.update(n=[cfg.n], reps=cfg.reps, n_boot=cfg.n_boot)
+    d.update(n=list(cfg.ns), reps=cfg.reps, n_boot=cfg.n_boot)
     d["environment"] = {"kind": "bandit", "K": cfg.arms, "seed": cfg.seed}
     d["behaviour"] = {
         "family": cfg.shift_family,
@@ -357,7 +357,7 @@ def test_bandit_bias_variance_exact_rows(small_runs):
     fig, sweep = small_runs("bandit_bias_variance")
     fig = fig.drop(columns=["family"])  # the figure's colour family, not the shift family
     merged = merge_one_to_one(
-        fig, sweep, left_on=["mapping", "target_chi2"], right_on=["mapping", "target"]
+        fig, sweep, left_on=["mapping", "target_chi2", "n"], right_on=["mapping", "target", "n"]
     )
     assert (merged.exact_f == merged.exact_s).all()
     assert merged.exact_f.sum() > 0 and (~merged.exact_f).sum() > 0
@@ -372,7 +372,7 @@ def test_bandit_bias_variance_monte_carlo_rows(small_runs):
     fig, sweep = small_runs("bandit_bias_variance")
     fig = fig.drop(columns=["family"])
     merged = merge_one_to_one(
-        fig, sweep, left_on=["mapping", "target_chi2"], right_on=["mapping", "target"]
+        fig, sweep, left_on=["mapping", "target_chi2", "n"], right_on=["mapping", "target", "n"]
     )
     assert_mc_agree(merged[~merged.exact_f], "bandit_bias_variance, Monte Carlo rows")
 
@@ -388,8 +388,8 @@ def test_monte_carlo_comparison_detects_a_different_setting(small_runs):
     merged = merge_one_to_one(
         fig[fig.target_chi2 < targets[-1]],
         shifted.dropna(subset=["target"]),
-        left_on=["mapping", "target_chi2"],
-        right_on=["mapping", "target"],
+        left_on=["mapping", "target_chi2", "n"],
+        right_on=["mapping", "target", "n"],
     )
     assert max(mc_z_scores(merged, m).max() for m in MC_METRICS) > Z
 
