@@ -258,7 +258,17 @@ def _run_list(args) -> int:
 # --- run / sweep / report ------------------------------------------------------------------
 
 #: columns printed by ``simkit run`` (besides the swept setting columns), when present
-RUN_SUMMARY_COLUMNS = ("estimator", "bias", "variance", "mse", "cosine", "ess", "exact")
+RUN_SUMMARY_COLUMNS = (
+    "estimator",
+    "bias",
+    "variance",
+    "mse",
+    "rel_mse_scaled",
+    "kept",
+    "cosine",
+    "ess",
+    "method",
+)
 
 
 def _add_run(subparsers) -> None:
@@ -270,7 +280,8 @@ def _add_run(subparsers) -> None:
             "Run all the cells of a sweep configuration (TOML) one after the other in this\n"
             "process, with nothing written but --out: the quick way to try a config before\n"
             "a long 'simkit sweep'. Prints a summary (estimator, the swept settings, bias,\n"
-            "variance, MSE, cosine, ESS, exact); --out writes the full tidy table as CSV or\n"
+            "variance, MSE, the scale-free error rel_mse_scaled (rank by it), kept, cosine,\n"
+            "ESS, method); --out writes the full tidy table as CSV or\n"
             "parquet (by extension). The numbers are those 'simkit sweep' gives for the\n"
             "same config. The config is validated first (unknown keys, types, unreachable\n"
             "divergence targets...)."

@@ -21,7 +21,18 @@ def test_run_prints_the_summary_and_writes_the_table(config, tmp_path, capsys):
     assert cli.main(["run", str(config), "--no-progress", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     header = text.splitlines()[0].split()
-    assert header == ["estimator", "n", "bias", "variance", "mse", "cosine", "ess", "exact"]
+    assert header == [
+        "estimator",
+        "n",
+        "bias",
+        "variance",
+        "mse",
+        "rel_mse_scaled",
+        "kept",
+        "cosine",
+        "ess",
+        "method",
+    ]
     assert len(text.splitlines()) == 1 + 4
     table = pd.read_csv(out)
     expected = sweep.run_config(config, progress=False)

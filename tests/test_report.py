@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from conftest import bandit_toml
@@ -36,10 +37,25 @@ def test_report_writes_the_table_and_the_plots(tmp_path):
     pd.testing.assert_frame_equal(pd.read_parquet(out / "results.parquet"), table)
     csv = pd.read_csv(out / "results.csv")
     assert list(csv.columns) == list(table.columns) and len(csv) == len(table) == 6 * 4
-    pngs = [out / "report" / f"{m}.png" for m in ("bias", "variance", "mse", "cosine")]
+    metrics = ("bias", "variance", "mse", "cosine", "rel_mse_scaled", "kept")
+    pngs = [out / "report" / f"{m}.png" for m in metrics]
     assert paths[2:] == pngs
     for png in pngs:
         assert png.read_bytes()[:8] == PNG_SIGNATURE and png.stat().st_size > 5000
+
+
+def test_mse_plot_draws_the_zero_estimator_line(tmp_path):
+    """The MSE plot carries ĝ ≡ 0's MSE, ‖∇J‖² (the table's mse_zero), as a labelled line."""
+    out = _sweep(tmp_path)
+    table = sweep.load_results(out)
+    swept = report_mod.swept_columns(table, report_mod.setting_columns(out))
+    (fig,) = report_mod.draw_metric(table, "mse", "MSE", "log", swept)
+    lines = [
+        ln for ax in fig.axes for ln in ax.get_lines() if ln.get_label() == report_mod.ZERO_LABEL
+    ]
+    assert lines
+    ys = np.concatenate([ln.get_ydata() for ln in lines])
+    assert set(np.round(ys, 14)) <= set(np.round(table["mse_zero"].to_numpy(), 14))
 
 
 def test_swept_columns_put_the_x_axis_first(tmp_path):

@@ -16,6 +16,26 @@ policy gradient ∇J of an environment (DESIGN.md, "Metrics"):
   (:func:`effective_sample_size`; n/(1+χ²) for sequence IS, n for naive);
 - ``khat`` = the PSIS Pareto k̂ of the coefficient magnitudes |c| (:func:`khat_of_weights`).
 
+**Scale-free error** (:func:`~simkit.experiment.metrics.scale_free`). ĝ ≡ 0 has
+MSE = ‖∇J‖², so a mapping that shrinks or drops most samples can "win" on MSE while carrying no
+signal; rank by the error after the best step size instead:
+
+- ``mse_zero`` = ‖∇J‖², the MSE of ĝ ≡ 0 (draw it as a reference line on MSE figures);
+- ``alpha_star`` = ⟨E ĝ, ∇J⟩ / E‖ĝ‖² with E‖ĝ‖² = ‖E ĝ‖² + variance: the step a
+  learning-rate sweep would find;
+- ``mse_scaled`` = min_α E‖αĝ − ∇J‖² = ‖∇J‖² − ⟨E ĝ, ∇J⟩² / E‖ĝ‖²;
+- ``rel_mse_scaled`` = mse_scaled / mse_zero = 1 − cos²(E ĝ, ∇J)·snr/(1 + snr) ∈ [0, 1]:
+  invariant to rescaling ĝ, 1 for an estimator no better than doing nothing. Rankings use it.
+
+**Kept fractions** (:func:`~simkit.experiment.metrics.kept_fractions`): ``kept`` =
+E_μ[#valid tokens with c ≠ 0] / E_μ[#valid tokens] and ``kept_seq`` = P_μ(some valid c ≠ 0),
+what a mask or a rejection sampler leaves (1 for mappings that never zero a coefficient).
+
+**How a row is computed** is decided once, by the planner :func:`~simkit.experiment.plan.plan`,
+and recorded: ``method`` ∈ {``enumeration``, ``dp``, ``monte_carlo``} and, on Monte Carlo rows,
+``why_mc`` (the obstacle in words: a batch-dependent mapping, a group advantage, a random Z,
+more sequences than the enumeration budget without a moment DP, or ``exact=False``).
+
 Two paths compute them.
 
 **Exact** (estimators whose ĝ is a sum of independent per-sample terms,
@@ -51,7 +71,11 @@ Confidence bounds (``*_lo``/``*_hi``, at ``level``) come from a seeded bootstrap
 - ``variance``, ``mse``: studentized bootstrap (bootstrap-t, second-order accurate for these
   means of skewed per-rep values ‖ĝ_r − ḡ‖² and ‖ĝ_r − ∇J‖²; they cover slightly less than
   ``level`` when reps is small, e.g. ≈ 0.87–0.90 at level 0.9);
-- ``ess``: percentile bootstrap;
+- ``ess``, ``kept``, ``kept_seq``: percentile bootstrap;
+- ``mse_scaled``, ``rel_mse_scaled``: the point estimate uses the unbiased E‖ĝ‖² ≈ mean‖ĝ_r‖²
+  and ⟨E ĝ, ∇J⟩² ≈ ⟨ḡ, ∇J⟩² − s²/reps (s² the sample variance of ⟨ĝ_r, ∇J⟩); bounds are the
+  percentile bootstrap interval of the plug-in value, shifted by that debiasing, clipped to
+  [0, ‖∇J‖²];
 - ``snr``: [‖·‖²-bounds of the ball] / [variance bounds] (conservative).
 
 ``khat`` has no bounds; it is computed from the coefficients of all reps·n drawn samples, on
@@ -117,6 +141,7 @@ from simkit.experiment.monte_carlo import (
     row_reliability,
     sample_gradients,
 )
+from simkit.experiment.plan import METHODS, Plan, plan
 from simkit.experiment.table import DIVERGENCE_COLUMNS, RESERVED, describe, tidy
 from simkit.reliability import KHAT_MIN_DISTINCT, khat_of_weights
 
@@ -124,10 +149,12 @@ __all__ = [
     "BOUNDED_METRICS",
     "DIVERGENCE_COLUMNS",
     "KHAT_MIN_DISTINCT",
+    "METHODS",
     "PARAMS",
     "PROGRESS_THRESHOLD",
     "ExactMoments",
     "MonteCarloDraws",
+    "Plan",
     "best_scale",
     "bias",
     "bias_dir",
@@ -139,10 +166,12 @@ __all__ = [
     "khat_of_weights",
     "monte_carlo_metrics",
     "oracle_baseline",
+    "plan",
     "run",
     "sample_gradients",
     "snr",
     "tie",
+    "why_not_exact",
 ]
 
 #: a progress bar is shown (``progress=None``) when the Monte Carlo work, counted in drawn
@@ -200,7 +229,10 @@ def run(
     ``hp_`` if the name clashes with a column), the ``setting`` columns, ``T``, ``params``,
     ``n``, ``reps``,
     ``chi2_tok`` … ``tv_seq``, the metrics (module docstring) with ``*_lo``/``*_hi`` bounds (NaN
-    on exact rows), ``khat``, ``exact``, ``reliable`` (False when a Monte Carlo row's intervals
+    on exact rows), the scale-free error ``mse_zero``, ``alpha_star``, ``mse_scaled``,
+    ``rel_mse_scaled`` and the kept fractions ``kept``, ``kept_seq`` (module docstring),
+    ``khat``, ``exact``, ``method`` and ``why_mc`` (the planner's answer,
+    :mod:`simkit.experiment.plan`), ``reliable`` (False when a Monte Carlo row's intervals
     cannot be trusted — heavy or unseen tails; always True on exact rows; the rule and its
     references are in :mod:`simkit.reliability`) and ``tail_draws`` (that rule's exact ν, the
     expected number of draws in the tail carrying E c̄²; NaN on exact rows and where it cannot
@@ -226,16 +258,16 @@ def run(
         raise ValueError(f"setting keys {clash} clash with mapping hyperparameter columns")
     for est in ests:
         est.check_batch_size(n)
+    plans = [plan(e, env, params, exact) for e in ests]  # how each row is computed, once
     if exact is True:
-        why = {e.name: why_not_exact(e, env, params) for e in ests}
-        bad = [f"{name!r} ({reason})" for name, reason in why.items() if reason]
+        bad = [f"{e.name!r} ({p.why_mc})" for e, p in zip(ests, plans) if not p.exact]
         if bad:
             raise ValueError(
                 "exact=True but these estimators have no exact path: "
                 + "; ".join(bad)
                 + ". Use exact='auto' to run them by Monte Carlo."
             )
-    use_exact = [exact is not False and not why_not_exact(e, env, params) for e in ests]
+    use_exact = [p.exact for p in plans]
 
     check_samples(reps, n, env.T)  # the batches are drawn at once: refuse what cannot fit
     old_p = None if old is None else legs.check_old(env, old)
@@ -258,7 +290,8 @@ def run(
     from tqdm.auto import tqdm
 
     rows = []
-    for est, is_exact in tqdm(list(zip(ests, use_exact)), desc="estimators", disable=not progress):
+    for est, how in tqdm(list(zip(ests, plans)), desc="estimators", disable=not progress):
+        is_exact = how.exact
         draws = sample_gradients(env, batch, est, old_lr, np.random.default_rng(coef_ss))
         if params == "tied":
             draws = MonteCarloDraws(tie(draws.gradients, env.T), draws.coefficients, draws.mask)
@@ -282,6 +315,8 @@ def run(
                 **metrics,
                 "khat": khat_of_weights(coeff),
                 "exact": is_exact,
+                "method": how.method,
+                "why_mc": how.why_mc,
                 "reliable": trusted,
                 "tail_draws": nu,
             }

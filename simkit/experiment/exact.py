@@ -16,37 +16,48 @@ from dataclasses import dataclass
 import numpy as np
 
 from simkit import legs
-from simkit.envs.token_moments import composed_dp_applies, composed_moments
+from simkit.envs.token_moments import composed_moments
 from simkit.envs.token_moments import moments as dp_moments
-from simkit.estimators import PER_SAMPLE_ADVANTAGES, Estimator, as_estimator
+from simkit.estimators import Estimator, as_estimator
 from simkit.experiment.metrics import (
     BOUNDED_METRICS,
     bias,
     bias_dir,
     cosine,
     effective_sample_size,
+    kept_fractions,
+    scale_free,
     snr,
 )
+from simkit.experiment.plan import PARAMS, check_params, estimator_obstacles, is_enumerable, plan
 
-#: parameterisations of θ for the gradient: per-position blocks, or one table for all positions
-PARAMS = ("untied", "tied")
-
-
-def check_params(params) -> str:
-    """``params`` if it is one of :data:`PARAMS` (``ValueError`` naming it otherwise)."""
-    if params not in PARAMS:
-        raise ValueError(f"params must be one of {PARAMS}, got {params!r}")
-    return params
+__all__ = [
+    "PARAMS",
+    "ExactMoments",
+    "check_params",
+    "exact_metrics",
+    "exact_moments",
+    "has_exact_path",
+    "is_enumerable",
+    "oracle_baseline",
+    "tie",
+    "why_not_exact",
+]
 
 
 @dataclass(frozen=True)
 class ExactMoments:
     """Exact moments of an n-sample per-sample estimator: ``mean`` E ĝ (D,), ``variance``
-    E‖ĝ − E ĝ‖², ``ess`` (see :func:`effective_sample_size`)."""
+    E‖ĝ − E ĝ‖², ``ess`` (see :func:`effective_sample_size`), ``kept`` and ``kept_seq``
+    (:func:`~simkit.experiment.metrics.kept_fractions`; NaN where the path does not give them),
+    ``method`` (``enumeration`` or ``dp``, :mod:`simkit.experiment.plan`)."""
 
     mean: np.ndarray
     variance: float
     ess: float
+    kept: float = math.nan
+    kept_seq: float = math.nan
+    method: str = "enumeration"
 
 
 def exact_moments(
@@ -85,13 +96,13 @@ def exact_moments(
     """
     est = as_estimator(estimator)
     params = check_params(params)
-    why = why_not_exact(est, env, params)
-    if why:
+    how = plan(est, env, params)
+    if not how.exact:
         kind = "is not per-sample" if not est.per_sample else "has no exact path"
-        raise ValueError(f"estimator {est.name!r} {kind}: {why}")
+        raise ValueError(f"estimator {est.name!r} {kind}: {how.why_mc}")
     est.check_batch_size(n)
     mu = env.check_policy(behaviour, "behaviour")
-    if not is_enumerable(env):  # beyond enumeration: the moment DP (untied parameters)
+    if how.method == "dp":  # beyond enumeration: the moment DP
         return _dp_moments(env, mu, est, n, old)
     baseline = oracle_baseline(env, mu, est)
     atoms = env.support(mu, baseline)
@@ -112,7 +123,8 @@ def exact_moments(
         n, float(atoms.prob @ abs_c.sum(axis=1)), float(atoms.prob @ (abs_c**2).sum(axis=1))
     )
     ess = ess / mean_length if mean_length > 0 else 0.0
-    return ExactMoments(mean=first, variance=var_one / n, ess=ess)
+    kept = kept_fractions(c, mask, atoms.prob)
+    return ExactMoments(mean=first, variance=var_one / n, ess=ess, **kept)
 
 
 def old_log_ratio_of(env, old, mu, draws):
@@ -197,9 +209,10 @@ def tie(vectors, T: int) -> np.ndarray:
     return v.reshape(*v.shape[:-1], T, D // T).sum(axis=-2)
 
 
-def has_exact_path(env, estimator) -> bool:
-    """True iff :func:`exact_moments` applies to ``estimator`` on ``env`` (see there)."""
-    return not why_not_exact(as_estimator(estimator), env)
+def has_exact_path(env, estimator, params: str = "untied") -> bool:
+    """True iff :func:`exact_moments` applies to ``estimator`` on ``env`` (the planner,
+    :func:`simkit.experiment.plan.plan`, says enumeration or DP)."""
+    return plan(as_estimator(estimator), env, params).exact
 
 
 def _dp_moments(env, mu, est: Estimator, n: int, old=None) -> ExactMoments:
@@ -212,11 +225,12 @@ def _dp_moments(env, mu, est: Estimator, n: int, old=None) -> ExactMoments:
         m = composed_moments(
             env, mu, old, est.mapping, est.correction, est.mode, b, est.aggregation, est.max_length
         )
-    return ExactMoments(mean=m.mean, variance=m.variance(n), ess=m.ess(n))
+    return ExactMoments(mean=m.mean, variance=m.variance(n), ess=m.ess(n), method="dp")
 
 
 def exact_metrics(moments: ExactMoments, grad_J) -> dict[str, float]:
-    """Metrics of the exact path (bounds NaN)."""
+    """Metrics of the exact path (bounds NaN), the scale-free error of
+    :func:`~simkit.experiment.metrics.scale_free` and the kept fractions included."""
     mean = moments.mean
     b = bias(mean, grad_J)
     out = {
@@ -227,6 +241,9 @@ def exact_metrics(moments: ExactMoments, grad_J) -> dict[str, float]:
         "mse": b**2 + moments.variance,
         "snr": snr(float(mean @ mean), moments.variance),
         "ess": moments.ess,
+        **scale_free(mean, moments.variance, grad_J),
+        "kept": moments.kept,
+        "kept_seq": moments.kept_seq,
     }
     for key in BOUNDED_METRICS:
         out[f"{key}_lo"] = out[f"{key}_hi"] = math.nan
@@ -234,35 +251,9 @@ def exact_metrics(moments: ExactMoments, grad_J) -> dict[str, float]:
 
 
 def why_not_exact(est: Estimator, env=None, params: str = "untied") -> str:
-    """Why ``est`` has no exact path on ``env`` ('' if it has one: enumeration or DP)."""
-    reasons = []
-    if est.mapping.batch_dependent:
-        reasons.append(f"mapping {est.mapping.name!r} is batch dependent")
-    if est.advantage not in PER_SAMPLE_ADVANTAGES:
-        reasons.append(f"advantage {est.advantage!r} couples the samples of a group")
-    reasons.extend(est.exact_obstacles())
-    if env is not None:
-        if est.aggregation == "token-mean" and not getattr(env, "fixed_length", True):
-            reasons.append(
-                "aggregation 'token-mean' divides by the batch's total number of tokens, which "
-                "is random when lengths vary (eos)"
-            )
-        if not reasons and not is_enumerable(env):
-            if params != "untied":
-                why_dp = "the moment DP is for untied parameters"
-            else:
-                why_dp = composed_dp_applies(
-                    env, est.mapping, est.correction, est.mode, est.aggregation, est.denominator
-                )
-            if why_dp:
-                reasons.append(
-                    f"the environment has {env.n_sequences} sequences, more than the enumeration "
-                    f"budget, and {why_dp}"
-                )
-    return " and ".join(reasons)
-
-
-def is_enumerable(env) -> bool:
-    """False for an environment whose support cannot be enumerated (no ``enumerable``: True)."""
-    enumerable = getattr(env, "enumerable", None)
-    return enumerable is None or bool(enumerable())
+    """Why ``est`` has no exact path on ``env`` ('' if it has one: enumeration or DP); without
+    ``env``, the obstacles of the estimator itself. The planner decides
+    (:func:`simkit.experiment.plan.plan`)."""
+    if env is None:
+        return " and ".join(estimator_obstacles(est, None))
+    return plan(est, env, params).why_mc

@@ -188,9 +188,86 @@ def monte_carlo_metrics(
         num_lo / var_hi if var_hi > 0 else math.nan,
         num_hi / var_lo if var_lo > 0 else math.inf,
     )
+    scaled, scaled_bounds = _scale_free_estimate(g, grad_J, W, level)
+    out.update(scaled)
+    bounds.update(scaled_bounds)
+    kept, kept_bounds = _kept_estimate(draws, W, level)
+    out.update(kept)
+    bounds.update(kept_bounds)
     for key, (lo, hi) in bounds.items():
         out[f"{key}_lo"], out[f"{key}_hi"] = lo, hi
     return out
+
+
+def _scale_free_estimate(g, grad_J, W, level: float):
+    """The scale-free error (:func:`~simkit.experiment.metrics.scale_free`) from draws.
+
+    With p_r = ⟨ĝ_r, ∇J⟩ and q_r = ‖ĝ_r‖²: E‖ĝ‖² ≈ q̄ (unbiased) and ⟨E ĝ, ∇J⟩² ≈
+    p̄² − s²_p/R (unbiased: E[p̄²] = ⟨E ĝ, ∇J⟩² + Var p/R), clipped at 0;
+    mse_scaled = ‖∇J‖² − that / q̄, alpha_star = p̄ / q̄. Bounds: the percentile bootstrap
+    interval of the plug-in ‖∇J‖² − (W@p)²/(W@q), shifted by the debiasing of the point
+    estimate, clipped to [0, ‖∇J‖²].
+    """
+    R = g.shape[0]
+    zero = float(grad_J @ grad_J)
+    p = g @ grad_J
+    q = np.sum(g**2, axis=1)
+    second = float(q.mean())
+    tail = (1.0 - level) / 2.0
+    if not (second > 0 and math.isfinite(second)):
+        point = {"mse_zero": zero, "alpha_star": 0.0, "mse_scaled": zero}
+        lo = hi = zero
+    else:
+        inner2 = max(float(p.mean()) ** 2 - float(p.var(ddof=1)) / R, 0.0)
+        scaled = min(max(zero - inner2 / second, 0.0), zero)
+        point = {"mse_zero": zero, "alpha_star": float(p.mean()) / second, "mse_scaled": scaled}
+        plug = zero - float(p.mean()) ** 2 / second
+        q_b = W @ q
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rep = zero - (W @ p) ** 2 / q_b
+        rep = rep[np.isfinite(rep)]
+        if rep.size:
+            b_lo, b_hi = np.quantile(rep, [tail, 1.0 - tail])
+            shift = scaled - plug
+            lo = min(max(float(b_lo) + shift, 0.0), zero)
+            hi = min(max(float(b_hi) + shift, 0.0), zero)
+        else:
+            lo = hi = scaled
+    rel = point["mse_scaled"] / zero if zero > 0 else math.nan
+    point["rel_mse_scaled"] = rel
+    bounds = {
+        "mse_scaled": (lo, hi),
+        "rel_mse_scaled": (lo / zero, hi / zero) if zero > 0 else (math.nan, math.nan),
+    }
+    return point, bounds
+
+
+def _kept_estimate(draws: MonteCarloDraws, W, level: float):
+    """``kept`` and ``kept_seq`` (:func:`~simkit.experiment.metrics.kept_fractions`) of the
+    reps·n drawn sequences, with percentile bootstrap bounds over the reps."""
+    mask = draws.mask
+    nonzero = (draws.coefficients != 0) & mask
+    kept_r = nonzero.sum(axis=(1, 2)).astype(np.float64)  # kept tokens per rep
+    valid_r = mask.sum(axis=(1, 2)).astype(np.float64)
+    seq_r = nonzero.any(axis=2).mean(axis=1)  # share of kept sequences per rep
+    tail = (1.0 - level) / 2.0
+    total = float(valid_r.sum())
+    point = {
+        "kept": float(kept_r.sum()) / total if total > 0 else math.nan,
+        "kept_seq": float(seq_r.mean()),
+    }
+    with np.errstate(divide="ignore", invalid="ignore"):
+        kept_b = (W @ kept_r) / (W @ valid_r)
+    seq_b = W @ seq_r
+    bounds = {}
+    for key, rep in (("kept", kept_b), ("kept_seq", seq_b)):
+        rep = rep[np.isfinite(rep)]
+        if rep.size:
+            lo, hi = np.quantile(rep, [tail, 1.0 - tail])
+            bounds[key] = (float(lo), float(hi))
+        else:
+            bounds[key] = (math.nan, math.nan)
+    return point, bounds
 
 
 def row_reliability(

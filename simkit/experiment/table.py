@@ -13,7 +13,7 @@ import pandas as pd
 
 from simkit import legs
 from simkit.estimators import Estimator
-from simkit.experiment.metrics import BOUNDED_METRICS
+from simkit.experiment.metrics import BOUNDED_METRICS, SCALE_FREE_COLUMNS
 
 DIVERGENCE_COLUMNS = ("chi2_tok", "kl_tok", "tv_tok", "chi2_seq", "kl_seq", "tv_seq")
 #: the columns that describe an estimator, first in the table
@@ -28,13 +28,18 @@ ESTIMATOR_COLUMNS = (
 )
 #: the columns of a composed estimator (present only when one is in the table)
 COMPOSITION_COLUMNS = ("correction", "mode", "denominator")
-#: every bounded metric followed by its bounds: ``bias``, ``bias_lo``, ``bias_hi``, …
-METRIC_COLUMNS = tuple(c for k in BOUNDED_METRICS for c in (k, f"{k}_lo", f"{k}_hi"))
+#: every bounded metric followed by its bounds: ``bias``, ``bias_lo``, ``bias_hi``, …, then
+#: the unbounded scale-free columns ``mse_zero`` (exact) and ``alpha_star``
+METRIC_COLUMNS = (
+    *(c for k in BOUNDED_METRICS for c in (k, f"{k}_lo", f"{k}_hi")),
+    *(k for k in SCALE_FREE_COLUMNS if k not in BOUNDED_METRICS),
+)
 
 #: the size of the experiment, after the setting columns
 SIZE_COLUMNS = ("T", "params", "n", "reps")
-#: the last columns: k̂, the path, the reliability of a Monte Carlo row
-TAIL_COLUMNS = ("khat", "exact", "reliable", "tail_draws")
+#: the last columns: k̂, the path (``exact``; the planner's ``method`` and ``why_mc``), the
+#: reliability of a Monte Carlo row
+TAIL_COLUMNS = ("khat", "exact", "method", "why_mc", "reliable", "tail_draws")
 
 #: column names of the table (a setting key or a hyperparameter may not take them)
 RESERVED = (

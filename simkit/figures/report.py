@@ -5,7 +5,9 @@
 - ``out_dir/results.parquet`` and ``out_dir/results.csv`` — the tidy table of
   :func:`simkit.sweep.load_results` (metrics of DESIGN.md, the config's columns, the simkit
   version and the cell key), in expansion order;
-- ``out_dir/report/<metric>.png`` for ``bias``, ``variance``, ``mse`` and ``cosine`` — the
+- ``out_dir/report/<metric>.png`` for ``bias``, ``variance``, ``mse`` (with the MSE of ĝ ≡ 0,
+  ‖∇J‖², dotted), ``cosine``, the scale-free error ``rel_mse_scaled`` (rank by it) and
+  ``kept`` — the
   metric against the swept setting, one line per estimator (colours of
   :mod:`simkit.figures.style`), Monte Carlo rows with their bootstrap bounds as error bars;
   rows marked ``reliable = False`` (:mod:`simkit.reliability`) are drawn hollow, with a note.
@@ -36,7 +38,16 @@ METRICS = (
     ("variance", r"variance $\mathbb{E}\|\hat g - \mathbb{E}\hat g\|^2$", "log"),
     ("mse", r"MSE $\mathbb{E}\|\hat g - \nabla J\|^2$", "log"),
     ("cosine", r"cosine $\cos(\mathbb{E}\hat g, \nabla J)$", "linear"),
+    (
+        "rel_mse_scaled",
+        r"scale-free error $\min_\alpha\mathbb{E}\|\alpha\hat g-\nabla J\|^2/\|\nabla J\|^2$",
+        "linear",
+    ),
+    ("kept", "kept share of tokens", "linear"),
 )
+#: the MSE of ĝ ≡ 0 (‖∇J‖²), drawn as a dotted reference on the MSE plot
+ZERO_REFERENCE = {"mse": "mse_zero"}
+ZERO_LABEL = "ĝ ≡ 0 (‖∇J‖²)"
 #: preferred x axes, in order (then the config's other columns)
 X_PRIORITY = ("target", "T", "n")
 MAX_PANELS = 12
@@ -94,6 +105,8 @@ def report(out_dir, partial: bool = False) -> tuple[pd.DataFrame, list[Path]]:
     if TRAIN_MARKER in table.columns:
         return table, paths + _train_report(table, out, figure_dir, swept)
     for metric, label, scale in METRICS:
+        if metric not in table.columns or not table[metric].notna().any():
+            continue  # a sweep written before the column existed
         with style.context():
             figures = draw_metric(table, metric, label, scale, swept)
             for i, fig in enumerate(figures, 1):
@@ -172,7 +185,7 @@ def draw_metric(table: pd.DataFrame, metric: str, label: str, scale: str, swept:
             ax.set_visible(False)
         handles, labels = axes[0].get_legend_handles_labels()
         by_label = dict(zip(labels, handles))
-        order = [n for n in styles if n in by_label]
+        order = [n for n in (*styles, ZERO_LABEL) if n in by_label]
         fig.legend(
             [by_label[n] for n in order],
             order,
@@ -226,6 +239,20 @@ def _draw_panel(ax, part, metric, scale, x_col, styles, floor) -> None:
             ax.set_xscale("log")
     else:
         ax.set_xticks(range(len(categories)), [_fmt(v) for v in categories])
+    ref = ZERO_REFERENCE.get(metric)
+    if ref in part and part[ref].notna().any():
+        rows = part.drop_duplicates(x_col).sort_values(x_col, kind="stable") if numeric else part
+        if numeric:
+            ax.plot(
+                rows[x_col].to_numpy(dtype=float),
+                rows[ref].to_numpy(dtype=float),
+                ls=":",
+                color="0.2",
+                lw=1.0,
+                label=ZERO_LABEL,
+            )
+        else:
+            ax.axhline(float(rows[ref].iloc[0]), ls=":", color="0.2", lw=1.0, label=ZERO_LABEL)
     ax.set_yscale(scale)
     if floor is not None:
         _common.mark_floor(ax, floor, "0")
@@ -247,6 +274,10 @@ def _bar_figure(table, metric, label, scale, styles, floor):
         y = np.where(y <= floor, floor, y)
     ax.bar(range(len(names)), y, color=[styles[n]["color"] for n in names])
     ax.set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=6.5)
+    ref = ZERO_REFERENCE.get(metric)
+    if ref in table and table[ref].notna().any():
+        ax.axhline(float(table[ref].mean()), ls=":", color="0.2", lw=1.0, label=ZERO_LABEL)
+        ax.legend(fontsize=6.5)
     ax.set_yscale(scale)
     if floor is not None:
         _common.mark_floor(ax, floor, "0")

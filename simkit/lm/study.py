@@ -472,7 +472,7 @@ def gradient_study(
                 "reps": reps,
                 "n_ref": n_ref,
                 **divergences,
-                **{k: metrics[k] for k in METRIC_COLUMNS},
+                **{k: metrics.get(k, math.nan) for k in METRIC_COLUMNS},
                 "khat": metrics["khat"],
                 "exact": False,
                 "bias_sq": metrics["bias_sq"],
