@@ -53,7 +53,7 @@ import pandas as pd
 from simkit import experiment, mappings, shifts
 from simkit.envs import Bandit
 from simkit.envs.random_instances import bandit_factory, behaviour_factory
-from simkit.experiment.ensemble import ensemble, instance_seeds
+from simkit.experiment.ensemble import ensemble
 from simkit.figures import _claims, _common, _rankings, style
 from simkit.figures.staleness_curves import split_figure
 
@@ -186,6 +186,7 @@ ENSEMBLE_COLUMNS = (
     "mse",
     "mse_zero",
     "rel_mse_scaled",
+    "kept",
     "cosine",
 )
 
@@ -224,21 +225,7 @@ def ensemble_table(cfg: Config) -> pd.DataFrame:
             )
             frames.append(table)
     table = pd.concat(frames, ignore_index=True)
-    if not np.isfinite(table.get("mse_zero", pd.Series([np.nan]))).all():
-        # run() without the scale-free columns: ‖∇J‖² per instance from the env's seed stream
-        zero = _instance_mse_zero(cfg)
-        table = _rankings.with_scale_free(table, table.instance.map(zero).to_numpy())
     return table[list(ENSEMBLE_COLUMNS)].reset_index(drop=True)
-
-
-def _instance_mse_zero(cfg: Config) -> dict[int, float]:
-    """‖∇J‖² of each ensemble instance (the env drawn from the instance's own stream)."""
-    make_env = bandit_factory(cfg.arms)
-    out = {}
-    for i, (env_ss, _, _) in enumerate(instance_seeds(cfg.seed, cfg.instances)):
-        g = make_env(np.random.default_rng(env_ss)).grad_J()
-        out[i] = float(g @ g)
-    return out
 
 
 def zero_fractions(env: Bandit, mu, ests) -> tuple[dict, dict]:
@@ -368,9 +355,7 @@ def _kept_note(one: pd.DataFrame) -> list[str]:
         return [f"Every mapping keeps at least {KEPT_NOTE_BELOW:.0%} of μ's draws (c ≠ 0)."]
     return [
         "Kept fraction P_μ(c ≠ 0) below "
-        f"{KEPT_NOTE_BELOW:.0%} somewhere on the grid (min–max over χ²): "
-        + ", ".join(parts)
-        + "; batch-dependent masks are NaN where run() does not report it."
+        f"{KEPT_NOTE_BELOW:.0%} somewhere on the grid (min–max over χ²): " + ", ".join(parts) + "."
     ]
 
 
