@@ -230,12 +230,12 @@ def test_bandit_ranking_notes_follow_the_ensemble(bandit):
     e.loc[sel, "rel_mse_scaled"] = 1e-6
     moved.attrs["ensemble"] = e
     m = e.instance.nunique()
-    line = next(x for x in bandit_bias_variance.notes(moved) if x.startswith(f"n = {n}:"))
+    line = next(x for x in bandit_bias_variance.notes(moved) if x.startswith(f"n = {n}, leader"))
     assert f"vespo (median 1e-06; best of all in {m}/{m} instances" in line
     assert "vespo at " in line.split(".")[0]  # the leader along χ² changes to vespo at the end
     # and worst of all: it is not named as a leader anywhere
     e.loc[sel, "rel_mse_scaled"] = 1.0
-    worst = next(x for x in bandit_bias_variance.notes(moved) if x.startswith(f"n = {n}:"))
+    worst = next(x for x in bandit_bias_variance.notes(moved) if x.startswith(f"n = {n}, leader"))
     assert "vespo (median" not in worst
 
 
@@ -355,12 +355,44 @@ def test_frontier_notes_follow_the_data():
         ref = moved[moved.mapping == end].iloc[0]
         moved.loc[row, ["bias2", "variance"]] = [ref.bias2, ref.variance]
     assert "vespo" in bias_variance_frontier.notes(moved)[1].split(";")[0]
-    # lowest MSE: inside vs at an end
+    # the best setting is judged by rel_mse_scaled: inside vs at an end
     best = moved.copy()
-    best.loc[order[-1], "mse"] = 0.0
+    best.loc[order[-1], "rel_mse_scaled"] = 0.0
     assert (
-        "vespo at λ scale = 2 (MSE 0, an end of the sweep)" in bias_variance_frontier.notes(best)[2]
+        "vespo at λ scale = 2 (rel_mse_scaled 0, an end of the sweep)"
+        in bias_variance_frontier.notes(best)[2]
     )
+    # where MSE picks another setting, the notes say so, and whether it is below ĝ ≡ 0's MSE
+    shrink = data.copy()
+    sapo = shrink.loc[shrink.mapping == "sapo"].sort_values("value").index
+    shrink.loc[sapo[-1], "mse"] = 0.5 * shrink.mse_zero.iloc[0]
+    shrink.loc[sapo[-1], "rel_mse_scaled"] = 0.99
+    line = bias_variance_frontier.notes(shrink)[3]
+    assert line.startswith("The MSE would pick another setting") and "sapo at τ scale" in line
+    assert "below ĝ ≡ 0's; rel_mse_scaled 0.99" in line
+    same = data.copy()
+    same["mse"] = same.rel_mse_scaled  # the two criteria agree everywhere
+    assert bias_variance_frontier.notes(same)[3] == "The MSE picks the same setting for every knob."
+
+
+def test_frontier_regime_notes_follow_the_data():
+    data = bias_variance_frontier.compute(bias_variance_frontier.config(small=True))
+    regimes = data.attrs["regimes"]
+    ratios = bias_variance_frontier.regime_ratios(regimes)
+    # hand check of one ratio: tis_seq's best rel_mse_scaled over its sweep / naive's
+    chi2, n = regimes.target_chi2.max(), regimes.n.max()
+    at = regimes[(regimes.target_chi2 == chi2) & (regimes.n == n)]
+    want = (
+        at[at.mapping == "tis_seq"].rel_mse_scaled.min()
+        / at[at.mapping == "naive"].iloc[0].rel_mse_scaled
+    )
+    got = ratios[(ratios.mapping == "tis_seq") & (ratios.target_chi2 == chi2) & (ratios.n == n)]
+    assert got.ratio.iloc[0] == pytest.approx(want, rel=1e-12)
+    moved = regimes.copy()
+    sel = (moved.mapping == "tis_seq") & (moved.target_chi2 == chi2) & (moved.n == n)
+    moved.loc[sel, "rel_mse_scaled"] = 2.0 * at[at.mapping == "naive"].iloc[0].rel_mse_scaled
+    line = bias_variance_frontier.regime_notes(moved)[-1]
+    assert "→ 2.000" in line.split("tis_seq")[1].split(",")[0]
 
 
 def test_bandit_unreliable_rows_are_hollow_and_noted(bandit):

@@ -385,7 +385,7 @@ def ensemble_notes(ens: pd.DataFrame | None, arms: int) -> list[str]:
             for _, r in part.sort_values("target_chi2").iterrows()
         )
         change = _rankings.leader_changes(part, "target_chi2", _chi2_text)
-        lines.append(f"n = {int(n)}: {change} of χ². {details}.")
+        lines.append(f"n = {int(n)}, leader along χ²: {change}. {details}.")
     flips = [c for c, part in lead.groupby("target_chi2", sort=True) if part.leader.nunique() > 1]
     lines.append(
         "The leader depends on n at χ² = " + ", ".join(_chi2_text(c) for c in flips) + "."
