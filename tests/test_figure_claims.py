@@ -460,3 +460,26 @@ def test_collapse_map_verdict_follows_the_data():
     assert "NOT reproduced" in calm
     reordered = "\n".join(collapse_map.paper_verdict(collapse_grid(GAINS | {"grpo": 0.95}, paper)))
     assert "(mean ± SE): GRPO 0.95 ± 0.01 > VESPO 0.90" in reordered
+
+
+# --- seq_tis_optimal_c ----------------------------------------------------------------------------
+
+
+def test_seq_tis_notes_follow_the_data():
+    from simkit.figures import seq_tis_optimal_c
+
+    data = seq_tis_optimal_c.compute(seq_tis_optimal_c.config(small=True))
+    opt = seq_tis_optimal_c.optima(data)
+    # hand check: the C of lowest rel_mse_scaled at n_large, per χ²_seq
+    for chi2, part in data[~data.at_c_star].groupby("chi2_seq"):
+        want = part.loc[part.rel_mse_scaled_large.idxmin(), "c"]
+        got = opt[(opt.chi2_seq == chi2) & (opt.criterion == "rel_mse_scaled_large")]
+        assert got.c.iloc[0] == want
+    moved = data.copy()
+    top = moved.chi2_seq.max()
+    sel = (moved.chi2_seq == top) & (moved.c == moved.c.max())
+    moved.loc[sel, "rel_mse_scaled_large"] = 1e-9
+    moved.loc[(moved.chi2_seq == top) & (moved.c == moved.c.min()), "mse_large"] = 0.0
+    line = seq_tis_optimal_c.notes(moved)[-1]
+    n = data.attrs["n_large"]
+    assert f"n = {n}: MSE at C = 1, edge, below ĝ ≡ 0's, rel_mse_scaled at C = 100 (1e-09)" in line

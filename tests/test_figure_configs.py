@@ -169,10 +169,10 @@ def mse_vs_T_mc_dict(d: dict, cfg: mse_vs_T.Config) -> dict:
 
 
 def seq_tis_optimal_c_dict(d: dict, cfg: seq_tis_optimal_c.Config) -> dict:
-    """answer_correct (V, T), μ at each χ²_seq, tis_seq over the C grid and is_seq, n = 1 and
-    n = n_batch (the figure's batch MSE)."""
+    """answer_correct (V, T), μ at each χ²_seq, tis_seq over the C grid and is_seq, n = 1,
+    n_batch and n_large (the figure's batch MSEs and scale-free errors)."""
     d = copy.deepcopy(d)
-    d["n"] = [1, cfg.n_batch]
+    d["n"] = [1, cfg.n_batch, cfg.n_large]
     d["environment"] = {
         "kind": "token_mdp",
         "constructor": "answer_correct",
@@ -456,9 +456,16 @@ def test_seq_tis_optimal_c_rows(small_runs):
     keys = {"left_on": ["chi2_seq_target", "c"], "right_on": ["target", "c"]}
     one = merge_one_to_one(fig, tis[tis.n == 1], **keys)
     assert_close(one, ("bias", "variance", "mse", "chi2_seq"), "seq_tis_optimal_c, n = 1")
-    batch = merge_one_to_one(fig, tis[tis.n == cfg.n_batch], **keys)
-    assert_close(batch, ("bias",), f"seq_tis_optimal_c, n = {cfg.n_batch}")
-    np.testing.assert_allclose(batch.mse_batch, batch.mse_s, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(one.rel_mse_scaled_f, one.rel_mse_scaled_s, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(one.mse_zero_f, one.mse_zero_s, rtol=RTOL, atol=ATOL)
+    for n, suffix in ((cfg.n_batch, "batch"), (cfg.n_large, "large")):
+        batch = merge_one_to_one(fig, tis[tis.n == n], **keys)
+        assert_close(batch, ("bias",), f"seq_tis_optimal_c, n = {n}")
+        np.testing.assert_allclose(batch[f"mse_{suffix}"], batch.mse_s, rtol=RTOL, atol=ATOL)
+        # the figure's hand-written scale-free error equals run()'s at the same n
+        np.testing.assert_allclose(
+            batch[f"rel_mse_scaled_{suffix}"], batch.rel_mse_scaled_s, rtol=1e-9, atol=1e-12
+        )
     is_seq = sweep[(sweep.mapping == "is_seq") & (sweep.n == 1)]
     is_mse = merge_one_to_one(
         fig[["chi2_seq_target", "is_mse"]].drop_duplicates(),
