@@ -61,7 +61,7 @@ from simkit.envs.random_instances import behaviour_factory, token_mdp_factory
 from simkit.estimators import Estimator
 from simkit.experiment.ensemble import ensemble as experiment_ensemble
 from simkit.experiment.ensemble import summarize
-from simkit.figures import _common, bandit_bias_variance, mse_vs_T, style, vespo_bound
+from simkit.figures import bandit_bias_variance, mse_vs_T, style, vespo_bound
 from simkit.notebook import LogSlider, Slider, interact
 
 FAST = os.environ.get("SIMKIT_FAST", "0") == "1"
@@ -766,7 +766,7 @@ print(
 # scale-free error `rel_mse_scaled` (the error after the best step size, relative to ĝ ≡ 0).
 
 # %%
-token_estimators = _common.oracle_estimators(lineup)
+token_estimators = [est(name) for name in lineup]  # oracle advantage, seq-mean-token-sum
 
 
 def token_ensemble(T):
