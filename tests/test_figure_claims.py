@@ -213,6 +213,114 @@ def test_bandit_unbiased_note_follows_the_data(bandit):
     assert "is_seq (χ²" in changed
 
 
+def _ranking_lines(notes):
+    return [n for n in notes if n.startswith(("Rankings", "n = ", "The leader", "By MSE"))]
+
+
+def test_bandit_ranking_notes_follow_the_ensemble(bandit):
+    ens = bandit.attrs["ensemble"]
+    assert ens.instance.nunique() >= 20
+    lines = _ranking_lines(bandit.attrs["notes"])
+    assert lines[0].startswith(f"Rankings by rel_mse_scaled over {ens.instance.nunique()} random")
+    # make vespo the best of all by far at one setting: the note names it with 20/20
+    chi2, n = float(ens.target_chi2.max()), int(ens.n.min())
+    moved = bandit.copy()
+    e = ens.copy()
+    sel = (e.mapping == "vespo") & (e.target_chi2 == chi2) & (e.n == n)
+    e.loc[sel, "rel_mse_scaled"] = 1e-6
+    moved.attrs["ensemble"] = e
+    m = e.instance.nunique()
+    line = next(x for x in bandit_bias_variance.notes(moved) if x.startswith(f"n = {n}, leader"))
+    assert f"vespo (median 1e-06; best of all in {m}/{m} instances" in line
+    assert "vespo at " in line.split(".")[0]  # the leader along χ² changes to vespo at the end
+    # and worst of all: it is not named as a leader anywhere
+    e.loc[sel, "rel_mse_scaled"] = 1.0
+    worst = next(x for x in bandit_bias_variance.notes(moved) if x.startswith(f"n = {n}, leader"))
+    assert "vespo (median" not in worst
+
+
+def test_bandit_ranking_needs_twenty_instances(bandit):
+    small = bandit.copy()
+    ens = bandit.attrs["ensemble"]
+    small.attrs["ensemble"] = ens[ens.instance < 19]
+    lines = _ranking_lines(bandit_bias_variance.notes(small))
+    assert lines == ["Rankings: none stated (an ensemble of 19 < 20 instances)."]
+
+
+def test_bandit_zero_estimator_and_kept_notes_follow_the_data(bandit):
+    note = next(n for n in bandit.attrs["notes"] if n.startswith("ĝ ≡ 0 has MSE"))
+    data = bandit.copy()
+    data["mse"] = data.mse_zero * 2  # every mapping worse than doing nothing
+    total = data.mapping.nunique()
+    changed = next(n for n in bandit_bias_variance.notes(data) if n.startswith("ĝ ≡ 0 has MSE"))
+    assert changed != note and changed.count(f"{total} of {total} mappings") == len(data.n.unique())
+    kept = next(n for n in bandit.attrs["notes"] if n.startswith("Kept fraction"))
+    assert "gspo" in kept and "naive" not in kept
+    data = bandit.copy()
+    data.loc[data.mapping == "naive", "kept_exact"] = 0.5
+    if "kept" in data:
+        data.loc[data.mapping == "naive", "kept"] = 0.5
+    changed = next(n for n in bandit_bias_variance.notes(data) if n.startswith("Kept fraction"))
+    assert "naive 50%" in changed
+
+
+def test_leaders_equal_a_hand_count():
+    from simkit.figures import _rankings
+
+    rows = []
+    values = {"a": [0.1, 0.5, 0.2, 0.3], "b": [0.2, 0.4, 0.3, 0.4], "c": [0.9, 0.9, 0.9, 0.05]}
+    for name, vs in values.items():
+        for i, v in enumerate(vs):
+            rows.append({"instance": i, "estimator": name, "x": 1.0, "rel_mse_scaled": v})
+    lead = _rankings.leaders(pd.DataFrame(rows), settings=("x",)).iloc[0]
+    # medians: a 0.25, b 0.35, c 0.9; a best of all at 0 and 2; a beats b at 0, 2, 3
+    assert (lead.leader, lead.runner_up, lead.best, lead.beats, lead.instances) == (
+        "a",
+        "b",
+        2,
+        3,
+        4,
+    )
+    assert lead["median"] == pytest.approx(0.25)
+    text = _rankings.leader_sentence(lead, "x = 1")
+    assert text == (
+        "x = 1: a (median 0.25; best of all in 2/4 instances, beats the runner-up b (0.35) in 3/4)"
+    )
+
+
+def test_with_scale_free_equals_the_vector_formula():
+    """The row-level reconstruction equals metrics.scale_free on the vectors themselves."""
+    from simkit.experiment.metrics import scale_free
+    from simkit.figures import _rankings
+
+    rng = np.random.default_rng(0)
+    rows, want = [], []
+    for _ in range(5):
+        mean, grad = rng.normal(size=6), rng.normal(size=6)
+        variance = float(rng.uniform(0.1, 2.0))
+        bias = float(np.linalg.norm(mean - grad))
+        cosine = mean @ grad / np.linalg.norm(mean) / np.linalg.norm(grad)
+        rows.append(
+            {"bias": bias, "variance": variance, "snr": mean @ mean / variance, "cosine": cosine}
+        )
+        want.append(scale_free(mean, variance, grad))
+        rows[-1]["zero"] = float(grad @ grad)
+    table = pd.DataFrame(rows)
+    got = _rankings.with_scale_free(table, table.zero.to_numpy())
+    for k, w in enumerate(want):
+        for key, value in w.items():
+            assert got[key].iloc[k] == pytest.approx(value, rel=1e-10, abs=1e-14), key
+    zero = _rankings.with_scale_free(
+        pd.DataFrame([{"bias": 2.0, "variance": 0.0, "snr": np.nan, "cosine": np.nan}]), 4.0
+    )
+    assert zero.rel_mse_scaled.iloc[0] == 1.0 and zero.alpha_star.iloc[0] == 0.0
+    # a tiny signal (a rejection sampler that keeps almost nothing) stays near 1, no cancellation
+    tiny = _rankings.with_scale_free(
+        pd.DataFrame([{"bias": 2.0, "variance": 1e-40, "snr": 1e-3, "cosine": 1.0}]), 4.0
+    )
+    assert tiny.rel_mse_scaled.iloc[0] == pytest.approx(1 - 1e-3 / (1 + 1e-3), rel=1e-12)
+
+
 # --- vespo_bound, ess_khat_vs_T, bias_variance_frontier ------------------------------------------
 
 
@@ -247,12 +355,44 @@ def test_frontier_notes_follow_the_data():
         ref = moved[moved.mapping == end].iloc[0]
         moved.loc[row, ["bias2", "variance"]] = [ref.bias2, ref.variance]
     assert "vespo" in bias_variance_frontier.notes(moved)[1].split(";")[0]
-    # lowest MSE: inside vs at an end
+    # the best setting is judged by rel_mse_scaled: inside vs at an end
     best = moved.copy()
-    best.loc[order[-1], "mse"] = 0.0
+    best.loc[order[-1], "rel_mse_scaled"] = 0.0
     assert (
-        "vespo at λ scale = 2 (MSE 0, an end of the sweep)" in bias_variance_frontier.notes(best)[2]
+        "vespo at λ scale = 2 (rel_mse_scaled 0, an end of the sweep)"
+        in bias_variance_frontier.notes(best)[2]
     )
+    # where MSE picks another setting, the notes say so, and whether it is below ĝ ≡ 0's MSE
+    shrink = data.copy()
+    sapo = shrink.loc[shrink.mapping == "sapo"].sort_values("value").index
+    shrink.loc[sapo[-1], "mse"] = 0.5 * shrink.mse_zero.iloc[0]
+    shrink.loc[sapo[-1], "rel_mse_scaled"] = 0.99
+    line = bias_variance_frontier.notes(shrink)[3]
+    assert line.startswith("The MSE would pick another setting") and "sapo at τ scale" in line
+    assert "below ĝ ≡ 0's; rel_mse_scaled 0.99" in line
+    same = data.copy()
+    same["mse"] = same.rel_mse_scaled  # the two criteria agree everywhere
+    assert bias_variance_frontier.notes(same)[3] == "The MSE picks the same setting for every knob."
+
+
+def test_frontier_regime_notes_follow_the_data():
+    data = bias_variance_frontier.compute(bias_variance_frontier.config(small=True))
+    regimes = data.attrs["regimes"]
+    ratios = bias_variance_frontier.regime_ratios(regimes)
+    # hand check of one ratio: tis_seq's best rel_mse_scaled over its sweep / naive's
+    chi2, n = regimes.target_chi2.max(), regimes.n.max()
+    at = regimes[(regimes.target_chi2 == chi2) & (regimes.n == n)]
+    want = (
+        at[at.mapping == "tis_seq"].rel_mse_scaled.min()
+        / at[at.mapping == "naive"].iloc[0].rel_mse_scaled
+    )
+    got = ratios[(ratios.mapping == "tis_seq") & (ratios.target_chi2 == chi2) & (ratios.n == n)]
+    assert got.ratio.iloc[0] == pytest.approx(want, rel=1e-12)
+    moved = regimes.copy()
+    sel = (moved.mapping == "tis_seq") & (moved.target_chi2 == chi2) & (moved.n == n)
+    moved.loc[sel, "rel_mse_scaled"] = 2.0 * at[at.mapping == "naive"].iloc[0].rel_mse_scaled
+    line = bias_variance_frontier.regime_notes(moved)[-1]
+    assert "→ 2.000" in line.split("tis_seq")[1].split(",")[0]
 
 
 def test_bandit_unreliable_rows_are_hollow_and_noted(bandit):
@@ -320,3 +460,26 @@ def test_collapse_map_verdict_follows_the_data():
     assert "NOT reproduced" in calm
     reordered = "\n".join(collapse_map.paper_verdict(collapse_grid(GAINS | {"grpo": 0.95}, paper)))
     assert "(mean ± SE): GRPO 0.95 ± 0.01 > VESPO 0.90" in reordered
+
+
+# --- seq_tis_optimal_c ----------------------------------------------------------------------------
+
+
+def test_seq_tis_notes_follow_the_data():
+    from simkit.figures import seq_tis_optimal_c
+
+    data = seq_tis_optimal_c.compute(seq_tis_optimal_c.config(small=True))
+    opt = seq_tis_optimal_c.optima(data)
+    # hand check: the C of lowest rel_mse_scaled at n_large, per χ²_seq
+    for chi2, part in data[~data.at_c_star].groupby("chi2_seq"):
+        want = part.loc[part.rel_mse_scaled_large.idxmin(), "c"]
+        got = opt[(opt.chi2_seq == chi2) & (opt.criterion == "rel_mse_scaled_large")]
+        assert got.c.iloc[0] == want
+    moved = data.copy()
+    top = moved.chi2_seq.max()
+    sel = (moved.chi2_seq == top) & (moved.c == moved.c.max())
+    moved.loc[sel, "rel_mse_scaled_large"] = 1e-9
+    moved.loc[(moved.chi2_seq == top) & (moved.c == moved.c.min()), "mse_large"] = 0.0
+    line = seq_tis_optimal_c.notes(moved)[-1]
+    n = data.attrs["n_large"]
+    assert f"n = {n}: MSE at C = 1, edge, below ĝ ≡ 0's, rel_mse_scaled at C = 100 (1e-09)" in line

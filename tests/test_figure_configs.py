@@ -92,7 +92,7 @@ def bandit_bias_variance_dict(d: dict, cfg: bandit_bias_variance.Config) -> dict
     grid, every mapping (or ``mapping_names``) with defaults, oracle, seq-mean-token-sum."""
     names = cfg.mapping_names if cfg.mapping_names is not None else mappings.available()
     d = copy.deepcopy(d)
-    d.update(n=[cfg.n], reps=cfg.reps, n_boot=cfg.n_boot)
+    d.update(n=list(cfg.ns), reps=cfg.reps, n_boot=cfg.n_boot)
     d["environment"] = {"kind": "bandit", "K": cfg.arms, "seed": cfg.seed}
     d["behaviour"] = {
         "family": cfg.shift_family,
@@ -169,10 +169,10 @@ def mse_vs_T_mc_dict(d: dict, cfg: mse_vs_T.Config) -> dict:
 
 
 def seq_tis_optimal_c_dict(d: dict, cfg: seq_tis_optimal_c.Config) -> dict:
-    """answer_correct (V, T), μ at each χ²_seq, tis_seq over the C grid and is_seq, n = 1 and
-    n = n_batch (the figure's batch MSE)."""
+    """answer_correct (V, T), μ at each χ²_seq, tis_seq over the C grid and is_seq, n = 1,
+    n_batch and n_large (the figure's batch MSEs and scale-free errors)."""
     d = copy.deepcopy(d)
-    d["n"] = [1, cfg.n_batch]
+    d["n"] = [1, cfg.n_batch, cfg.n_large]
     d["environment"] = {
         "kind": "token_mdp",
         "constructor": "answer_correct",
@@ -357,7 +357,7 @@ def test_bandit_bias_variance_exact_rows(small_runs):
     fig, sweep = small_runs("bandit_bias_variance")
     fig = fig.drop(columns=["family"])  # the figure's colour family, not the shift family
     merged = merge_one_to_one(
-        fig, sweep, left_on=["mapping", "target_chi2"], right_on=["mapping", "target"]
+        fig, sweep, left_on=["mapping", "target_chi2", "n"], right_on=["mapping", "target", "n"]
     )
     assert (merged.exact_f == merged.exact_s).all()
     assert merged.exact_f.sum() > 0 and (~merged.exact_f).sum() > 0
@@ -372,7 +372,7 @@ def test_bandit_bias_variance_monte_carlo_rows(small_runs):
     fig, sweep = small_runs("bandit_bias_variance")
     fig = fig.drop(columns=["family"])
     merged = merge_one_to_one(
-        fig, sweep, left_on=["mapping", "target_chi2"], right_on=["mapping", "target"]
+        fig, sweep, left_on=["mapping", "target_chi2", "n"], right_on=["mapping", "target", "n"]
     )
     assert_mc_agree(merged[~merged.exact_f], "bandit_bias_variance, Monte Carlo rows")
 
@@ -388,8 +388,8 @@ def test_monte_carlo_comparison_detects_a_different_setting(small_runs):
     merged = merge_one_to_one(
         fig[fig.target_chi2 < targets[-1]],
         shifted.dropna(subset=["target"]),
-        left_on=["mapping", "target_chi2"],
-        right_on=["mapping", "target"],
+        left_on=["mapping", "target_chi2", "n"],
+        right_on=["mapping", "target", "n"],
     )
     assert max(mc_z_scores(merged, m).max() for m in MC_METRICS) > Z
 
@@ -456,9 +456,16 @@ def test_seq_tis_optimal_c_rows(small_runs):
     keys = {"left_on": ["chi2_seq_target", "c"], "right_on": ["target", "c"]}
     one = merge_one_to_one(fig, tis[tis.n == 1], **keys)
     assert_close(one, ("bias", "variance", "mse", "chi2_seq"), "seq_tis_optimal_c, n = 1")
-    batch = merge_one_to_one(fig, tis[tis.n == cfg.n_batch], **keys)
-    assert_close(batch, ("bias",), f"seq_tis_optimal_c, n = {cfg.n_batch}")
-    np.testing.assert_allclose(batch.mse_batch, batch.mse_s, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(one.rel_mse_scaled_f, one.rel_mse_scaled_s, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(one.mse_zero_f, one.mse_zero_s, rtol=RTOL, atol=ATOL)
+    for n, suffix in ((cfg.n_batch, "batch"), (cfg.n_large, "large")):
+        batch = merge_one_to_one(fig, tis[tis.n == n], **keys)
+        assert_close(batch, ("bias",), f"seq_tis_optimal_c, n = {n}")
+        np.testing.assert_allclose(batch[f"mse_{suffix}"], batch.mse_s, rtol=RTOL, atol=ATOL)
+        # the figure's hand-written scale-free error equals run()'s at the same n
+        np.testing.assert_allclose(
+            batch[f"rel_mse_scaled_{suffix}"], batch.rel_mse_scaled_s, rtol=1e-9, atol=1e-12
+        )
     is_seq = sweep[(sweep.mapping == "is_seq") & (sweep.n == 1)]
     is_mse = merge_one_to_one(
         fig[["chi2_seq_target", "is_mse"]].drop_duplicates(),

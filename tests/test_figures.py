@@ -243,20 +243,31 @@ def test_bandit_bias_variance_data(bandit_data):
     cfg = bandit_bias_variance.config(small=True)
     data = bandit_data
     names = mappings.available()
-    assert len(data) == len(names) * cfg.n_chi2
-    assert set(data.mapping) == set(names)
+    assert len(data) == len(names) * cfg.n_chi2 * len(cfg.ns)
+    assert set(data.mapping) == set(names) and set(data.n) == set(cfg.ns)
     # μ dialed to the χ² grid (shifts.dial solves to 1e-8 relative)
     np.testing.assert_allclose(data.chi2_tok, data.target_chi2, rtol=1e-7)
-    for col in ("bias", "variance", "mse", "cosine"):
+    for col in ("bias", "variance", "mse", "cosine", "mse_zero", "rel_mse_scaled"):
         assert np.isfinite(data[col]).all(), col
     np.testing.assert_allclose(data.mse, data.bias**2 + data.variance, rtol=1e-9)
+    # the scale-free error: ĝ ≡ 0 is ‖∇J‖², rel_mse_scaled in [0, 1]; exact rows: rel_mse_scaled
+    # = 1 − cos²·snr/(1 + snr), and rescaling-invariant, so it falls with n for every exact row
+    env = bandit_bias_variance.make_bandit(cfg.arms, cfg.seed)
+    np.testing.assert_allclose(data.mse_zero, env.grad_J() @ env.grad_J(), rtol=1e-14)
+    assert data.rel_mse_scaled.between(0, 1).all()
+    exact = data[data.exact]
+    want = 1 - exact.cosine**2 * exact.snr / (1 + exact.snr)
+    np.testing.assert_allclose(exact.rel_mse_scaled, want, rtol=1e-9)
+    wide = exact.pivot_table(index=["mapping", "target_chi2"], columns="n", values="rel_mse_scaled")
+    assert (wide[max(cfg.ns)] <= wide[min(cfg.ns)] + 1e-12).all()
+    np.testing.assert_allclose(data.kept_exact[data.mapping == "naive"], 1.0)
     # exact path for per-sample mappings, Monte Carlo for batch-dependent ones
     for name in names:
         rows = data[data.mapping == name]
         assert (rows.exact == (not mappings.mapping_class(name).batch_dependent)).all(), name
     # sequence IS is unbiased; naive's bias grows with the mismatch
     assert (data[data.mapping == "is_seq"].bias < 1e-10).all()
-    naive = data[data.mapping == "naive"].sort_values("target_chi2")
+    naive = data[(data.mapping == "naive") & (data.n == min(cfg.ns))].sort_values("target_chi2")
     assert (np.diff(naive.bias.to_numpy()) > 0).all()
     assert naive.bias.min() > 1e-3
 
@@ -313,7 +324,7 @@ def test_bandit_draw_from_data(bandit_data, tmp_path):
         fig = bandit_bias_variance.draw(bandit_data)
     panels = [p for p in _claims.PANELS if (bandit_data.panel == p).any()]
     axes = [ax for ax in fig.axes if ax.get_ylabel() or ax.get_xlabel() or ax.get_title()]
-    assert len(fig.axes) == len(bandit_bias_variance.METRICS) * len(panels) == 16
+    assert len(fig.axes) == len(bandit_bias_variance.METRICS) * len(panels) == 20
     # naive and is_seq are drawn in every panel (as members or as references)
     bias_row = fig.axes[: len(panels)]
     for ax in bias_row:
@@ -330,6 +341,13 @@ def test_bandit_draw_from_data(bandit_data, tmp_path):
             if line.get_linestyle() == "None" and line.get_color() == style.color("is_seq")
         ]
         assert floor and len(np.unique(floor[0].get_ydata())) == 1
+    # the MSE row draws the error of ĝ ≡ 0, ‖∇J‖², as a horizontal line in every panel
+    mse_row = fig.axes[len(panels) : 2 * len(panels)]
+    zero = float(bandit_data.mse_zero.iloc[0])
+    for ax in mse_row:
+        assert any(
+            np.allclose(np.asarray(line.get_ydata(), float), zero) for line in ax.get_lines()
+        )
     assert axes
     fig.savefig(tmp_path / "b.png", dpi=50)
     assert (tmp_path / "b.png").stat().st_size > 1000

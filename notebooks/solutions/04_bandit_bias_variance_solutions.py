@@ -79,7 +79,7 @@ def dial(chi2, family="logit_noise"):
 # %%
 score = np.eye(env.K) - pi  # row a: e_a − π
 cfg = bandit_bias_variance.Config(
-    mapping_names=("naive",), n_chi2=5 if FAST else 9, reps=2, n_boot=10
+    mapping_names=("naive",), chi2_min=0.01, n_chi2=5 if FAST else 9, reps=2, n_boot=10
 )
 rows = []
 for target in cfg.chi2_grid:

@@ -7,15 +7,31 @@ and every setting is placed at (bias², variance) of its n-sample gradient estim
 The two endpoints of the classical line are marked: naive (c = 1) and sequence IS (c = W:
 unbiased). Several knobs (ε, C, α) run between them, like GAE-λ between Monte Carlo returns and
 TD — "the GAE-λ of importance sampling"; others (VESPO's λ, SAPO's τ) do not, and the notes
-(:func:`notes`) say, from the data, which path ends near which endpoint and where each knob's
-MSE is lowest. Arrows on every path point in the direction of a growing knob; VESPO's λ path
-turns back on itself, so its values are labelled along it. On the
-bandit T = 1, so token- and sequence-level versions of a mapping coincide (only the sequence
-ones are drawn). Dotted grey curves are iso-MSE lines bias² + variance = const.
+(:func:`notes`) say, from the data, which path ends near which endpoint and where each knob is
+best.
+
+"Best" is judged by the scale-free error ``rel_mse_scaled`` (the error after the best step
+size, relative to ĝ ≡ 0; :func:`simkit.experiment.metrics.scale_free`), not by the MSE: a knob
+that shrinks every coefficient (SAPO's τ → ∞, a cap C → 1 on a mild mismatch) lowers the MSE
+towards and below that of ĝ ≡ 0, ‖∇J‖², without adding any signal. The iso-MSE line of
+ĝ ≡ 0 is drawn (dashed); the notes give, per knob, the setting of lowest rel_mse_scaled, say
+whether it is at an end of the sweep (then the sweep does not bracket the optimum), and where
+the MSE-best setting differs from it.
+
+A second panel (``data.attrs["regimes"]``) follows each knob's best rel_mse_scaled over its
+sweep, divided by naive's, across χ² from 1e-4 (what trainers log per token) to 10 and at
+n = 64 and 1024, on the same bandit (one instance: no ranking between knobs is stated from it;
+the bandit figure's ensemble does that).
+
+Arrows on every path point in the direction of a growing knob; VESPO's λ path turns back on
+itself, so its values are labelled along it. On the bandit T = 1, so token- and sequence-level
+versions of a mapping coincide (only the sequence ones are drawn). Dotted grey curves are
+iso-MSE lines bias² + variance = const.
 
 Data: a tidy DataFrame with columns ``mapping``, ``knob`` (symbol), ``value`` (knob value, NaN
-for the endpoints), ``bias``, ``bias2``, ``variance``, ``mse``, ``chi2_tok``, ``n``;
-``data.attrs["notes"]``.
+for the endpoints), ``bias``, ``bias2``, ``variance``, ``mse``, ``mse_zero``,
+``rel_mse_scaled``, ``kept``, ``chi2_tok``, ``n``; ``data.attrs["regimes"]`` (the same
+columns with ``target_chi2``, one row per (setting, χ², n)) and ``data.attrs["notes"]``.
 """
 
 from __future__ import annotations
@@ -37,8 +53,11 @@ CAPTION = (
     "each mapping's knob (PPO ε, TIS/MIS cap C, power α, VESPO λ, SAPO τ) swept at a "
     "fixed χ²(π‖μ) on a bandit and placed at (bias², variance), arrows in the direction of a "
     "growing knob, VESPO's λ labelled along its path; naive and sequence IS marked as the "
-    "classical endpoints. Which paths join them and where each knob's MSE is lowest is stated "
-    "in the notes under the plot, computed from the data."
+    "classical endpoints, the MSE of ĝ ≡ 0 (‖∇J‖²) dashed. Right: each knob's best scale-free "
+    "error rel_mse_scaled (error after the best step size / error of ĝ ≡ 0) relative to "
+    "naive's, for χ² from 1e-4 to 10 and n = 64 and 1024. Which paths join the endpoints and "
+    "where each knob is best (by rel_mse_scaled, and where MSE disagrees) is stated in the "
+    "notes, computed from the data."
 )
 
 #: knob symbols as plain text for the notes
@@ -97,8 +116,15 @@ class Config:
     shift_family: str = "logit_noise"
     seed: int = 0
     small: bool = False
+    regime_chi2: tuple[float, ...] = (1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0)
+    regime_ns: tuple[int, ...] = (64, 1024)
 
     def __post_init__(self):
+        if any(not c > 0 for c in self.regime_chi2) or any(n < 1 for n in self.regime_ns):
+            raise ValueError(
+                f"regime_chi2 must be positive and regime_ns >= 1, got {self.regime_chi2}, "
+                f"{self.regime_ns}"
+            )
         if self.arms < 2:
             raise ValueError(f"arms must be >= 2, got {self.arms}")
         if self.n < 1:
@@ -108,7 +134,9 @@ class Config:
 
 
 def config(small: bool = False) -> Config:
-    return Config(arms=8, n=16, small=True) if small else Config()
+    if small:
+        return Config(arms=8, n=16, small=True, regime_chi2=(1e-3, 1.0), regime_ns=(16, 256))
+    return Config()
 
 
 def knob_estimators(small: bool) -> tuple[list[Estimator], list[dict]]:
@@ -131,27 +159,36 @@ def knob_estimators(small: bool) -> tuple[list[Estimator], list[dict]]:
     return ests, meta
 
 
-def compute(cfg: Config) -> pd.DataFrame:
-    env = make_bandit(cfg.arms, cfg.seed)
-    mu = shifts.dial(env.pi, cfg.chi2, divergence="chi2", family=cfg.shift_family)
-    ests, meta = knob_estimators(cfg.small)
-    table = experiment.run(
-        env,
-        mu,
-        ests,
-        n=cfg.n,
-        reps=2 if cfg.small else 10,
-        seed=cfg.seed,
-        exact=True,
-        progress=False,
-    )
+def _frame(meta: list[dict], table: pd.DataFrame, n: int) -> pd.DataFrame:
     data = pd.DataFrame(meta)
     data["bias"] = table.bias.to_numpy()
     data["bias2"] = data.bias**2
-    data["variance"] = table.variance.to_numpy()
-    data["mse"] = table.mse.to_numpy()
-    data["chi2_tok"] = table.chi2_tok.to_numpy()
-    data["n"] = cfg.n
+    for col in ("variance", "mse", "mse_zero", "rel_mse_scaled", "kept", "chi2_tok"):
+        data[col] = table[col].to_numpy()
+    data["n"] = n
+    return data
+
+
+def compute(cfg: Config) -> pd.DataFrame:
+    env = make_bandit(cfg.arms, cfg.seed)
+    ests, meta = knob_estimators(cfg.small)
+    reps = 2 if cfg.small else 10
+
+    def at(chi2: float, n: int) -> pd.DataFrame:
+        mu = shifts.dial(env.pi, chi2, divergence="chi2", family=cfg.shift_family)
+        table = experiment.run(
+            env, mu, ests, n=n, reps=reps, seed=cfg.seed, exact=True, progress=False
+        )
+        return _frame(meta, table, n)
+
+    data = at(cfg.chi2, cfg.n)
+    regimes = []
+    for chi2 in cfg.regime_chi2:
+        for n in cfg.regime_ns:
+            frame = at(float(chi2), int(n))
+            frame["target_chi2"] = float(chi2)
+            regimes.append(frame)
+    data.attrs["regimes"] = pd.concat(regimes, ignore_index=True)
     data.attrs["notes"] = notes(data)
     return data
 
@@ -168,23 +205,34 @@ def _floor(data: pd.DataFrame) -> float:
     return 10 ** np.floor(np.log10(positive.min() / 10)) if len(positive) else 1e-12
 
 
+def _best(part: pd.DataFrame, column: str) -> tuple[int, str]:
+    """(position of the lowest ``column`` in the value-sorted ``part``, where it sits)."""
+    i = int(np.argmin(part[column].to_numpy()))
+    return i, "an end of the sweep" if i in (0, len(part) - 1) else "inside the sweep"
+
+
 def notes(data: pd.DataFrame) -> tuple[str, ...]:
     """Sentences under the plot, built from ``data``: per knob, which endpoints its path ends
-    near (:data:`NEAR_FACTOR`) and the knob value of lowest MSE (interior or at an end)."""
+    near (:data:`NEAR_FACTOR`), the knob value of lowest rel_mse_scaled (interior or at an end
+    of the sweep) and, where it differs, the value of lowest MSE and whether that MSE is below
+    ĝ ≡ 0's; and from ``data.attrs["regimes"]``, per knob, its best rel_mse_scaled relative to
+    naive's across χ² and n."""
     floor = _floor(data)
     ends = {n: data[data.mapping == n].iloc[0] for n in ENDPOINTS if (data.mapping == n).any()}
     row0 = data.iloc[0]
+    zero = float(row0.mse_zero)
     lines = [
         f"Bandit of bandit_bias_variance, χ²(π‖μ) = {row0.chi2_tok:.3g}, n = {int(row0.n)}; "
         + ", ".join(
             f"{n}: bias² {_claims.fmt(r.bias2)}, variance {_claims.fmt(r.variance)}, "
-            f"MSE {_claims.fmt(r.mse)}"
+            f"MSE {_claims.fmt(r.mse)}, rel_mse_scaled {r.rel_mse_scaled:.3g}"
             for n, r in ends.items()
         )
-        + f". 'Near' = bias² and variance within ×{NEAR_FACTOR:g}."
+        + f"; ĝ ≡ 0 has MSE ‖∇J‖² = {_claims.fmt(zero)}. 'Near' = bias² and variance within "
+        f"×{NEAR_FACTOR:g}."
     ]
     joins, others = [], []
-    best = []
+    best, disagree = [], []
     for name in KNOBS:
         part = data[data.mapping == name].sort_values("value")
         if not len(part):
@@ -201,18 +249,76 @@ def notes(data: pd.DataFrame) -> tuple[str, ...]:
             joins.append(name)
         else:
             others.append(f"{name} ({', '.join(near) if near else 'near neither'})")
-        i = int(np.argmin(part.mse.to_numpy()))
-        where = "an end of the sweep" if i in (0, len(part) - 1) else "inside the sweep"
+        i, where = _best(part, "rel_mse_scaled")
         best.append(
-            f"{name} at {symbol} = {part.value.iloc[i]:.3g} (MSE {_claims.fmt(part.mse.iloc[i])}, "
-            f"{where})"
+            f"{name} at {symbol} = {part.value.iloc[i]:.3g} (rel_mse_scaled "
+            f"{part.rel_mse_scaled.iloc[i]:.3g}, {where})"
         )
+        k, _ = _best(part, "mse")
+        if k != i:
+            below = "below" if part.mse.iloc[k] < zero else "above"
+            disagree.append(
+                f"{name} at {symbol} = {part.value.iloc[k]:.3g} (MSE "
+                f"{_claims.fmt(part.mse.iloc[k])}, {below} ĝ ≡ 0's; rel_mse_scaled "
+                f"{part.rel_mse_scaled.iloc[k]:.3g})"
+            )
     lines.append(
         f"Paths from near naive to near sequence IS: {_claims.name_list(joins)}; the others: "
         f"{', '.join(others) if others else 'none'}."
     )
-    lines.append("Lowest MSE per knob: " + "; ".join(best) + ".")
+    lines.append("Lowest rel_mse_scaled per knob: " + "; ".join(best) + ".")
+    lines.append(
+        "The MSE would pick another setting: " + "; ".join(disagree) + "."
+        if disagree
+        else "The MSE picks the same setting for every knob."
+    )
+    lines.extend(regime_notes(data.attrs.get("regimes")))
     return tuple(lines)
+
+
+def regime_ratios(regimes: pd.DataFrame) -> pd.DataFrame:
+    """Per (knob mapping, χ², n): the knob's lowest rel_mse_scaled over its sweep divided by
+    naive's (< 1: the best setting of the knob beats naive), and that setting's value."""
+    rows = []
+    for (chi2, n), part in regimes.groupby(["target_chi2", "n"], sort=True):
+        naive = float(part[part.mapping == "naive"].rel_mse_scaled.iloc[0])
+        for name in KNOBS:
+            knob = part[part.mapping == name].sort_values("value")
+            if not len(knob):
+                continue
+            i, where = _best(knob, "rel_mse_scaled")
+            rows.append(
+                {
+                    "mapping": name,
+                    "target_chi2": chi2,
+                    "n": n,
+                    "ratio": float(knob.rel_mse_scaled.iloc[i]) / naive,
+                    "value": float(knob.value.iloc[i]),
+                    "where": where,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def regime_notes(regimes: pd.DataFrame | None) -> list[str]:
+    """Per n: each knob's best rel_mse_scaled relative to naive's at the smallest and the
+    largest χ² of the regimes (one bandit: a property of this instance, not a ranking)."""
+    if regimes is None or not len(regimes):
+        return []
+    ratios = regime_ratios(regimes)
+    lo, hi = ratios.target_chi2.min(), ratios.target_chi2.max()
+    lines = []
+    for n, part in ratios.groupby("n", sort=True):
+        at = part.set_index(["mapping", "target_chi2"])
+        pieces = [
+            f"{name} {at.loc[(name, lo), 'ratio']:.3f} → {at.loc[(name, hi), 'ratio']:.3f}"
+            for name in dict.fromkeys(part.mapping)
+        ]
+        lines.append(
+            f"Best rel_mse_scaled over the sweep / naive's, χ² = {lo:.3g} → {hi:.3g}, n = "
+            f"{int(n)} (this bandit): " + ", ".join(pieces) + "."
+        )
+    return lines
 
 
 def _arrow(ax, start, end, color) -> None:
@@ -248,8 +354,17 @@ def _value_label(ax, x, y, text, color, offset=(4, -3)) -> None:
 
 
 def draw(data: pd.DataFrame):
-    fig, panels = split_figure(7.0, 4.8, data.attrs.get("notes", ()))
-    ax = panels.subplots()
+    regimes = data.attrs.get("regimes")
+    with_regimes = regimes is not None and len(regimes) > 0
+    fig, panels = split_figure(11.0 if with_regimes else 7.0, 4.8, data.attrs.get("notes", ()))
+    if with_regimes:
+        ax, *side = panels.subplots(
+            1,
+            1 + regimes.n.nunique(),
+            gridspec_kw={"width_ratios": [2.4] + [1] * regimes.n.nunique()},
+        )
+    else:
+        ax, side = panels.subplots(), []
     floor = _floor(data)  # exact zeros (~1e-34 in floating point) are drawn on this floor
     x_all = np.maximum(data.bias2.to_numpy(), floor)
     # iso-MSE curves
@@ -259,6 +374,18 @@ def draw(data: pd.DataFrame):
         y = level - x_grid
         ok = y > v_min / 3
         ax.plot(x_grid[ok], y[ok], color="0.75", linestyle=":", linewidth=0.8, zorder=0)
+    zero = float(data.mse_zero.iloc[0])  # the error of ĝ ≡ 0: bias² + variance = ‖∇J‖²
+    y = zero - x_grid
+    ok = y > v_min / 3
+    ax.plot(
+        x_grid[ok],
+        y[ok],
+        color="0.3",
+        linestyle="--",
+        linewidth=1.0,
+        zorder=1,
+        label="MSE of ĝ ≡ 0",
+    )
     for name in KNOBS:
         part = data[data.mapping == name].sort_values("value")
         if not len(part):
@@ -282,7 +409,7 @@ def draw(data: pd.DataFrame):
         # knob values: the start everywhere; VESPO (a path that turns back) at several points
         labelled = [0]
         if name == "vespo":
-            best = int(np.argmin(part.mse.to_numpy()))
+            best = int(np.argmin(part.rel_mse_scaled.to_numpy()))
             labelled = sorted({0, len(part) // 4, best, (3 * len(part)) // 4, len(part) - 1})
         for k in labelled:
             text = f"{symbol} = {part.value.iloc[k]:.3g}" if k == 0 else f"{part.value.iloc[k]:.3g}"
@@ -326,5 +453,33 @@ def draw(data: pd.DataFrame):
         r"(arrows: knob increasing; dotted: iso-MSE)",
         fontsize=9,
     )
-    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=7)
+    if side:
+        _draw_regimes(side, regimes)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), fontsize=6.5, ncol=3)
+    else:
+        ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=7)
     return fig
+
+
+def _draw_regimes(axes, regimes: pd.DataFrame) -> None:
+    """One panel per n: each knob's best rel_mse_scaled / naive's against χ²."""
+    ratios = regime_ratios(regimes)
+    for ax, (n, part) in zip(axes, ratios.groupby("n", sort=True), strict=True):
+        for name in dict.fromkeys(part.mapping):
+            line = part[part.mapping == name].sort_values("target_chi2")
+            ax.plot(
+                line.target_chi2,
+                line.ratio,
+                marker=style.marker(name),
+                markersize=3,
+                **style.line_kwargs(name),
+            )
+        ax.axhline(1.0, color="0.4", linewidth=0.8, linestyle="--")
+        ax.set_xscale("log")
+        ax.set_xlabel(r"$\chi^2(\pi\|\mu)$")
+        ax.set_title(f"best over the knob / naive, n = {int(n)}", fontsize=8)
+    axes[0].set_ylabel("rel_mse_scaled (best setting) / naive's")
+    lo = min(a.get_ylim()[0] for a in axes)
+    hi = max(a.get_ylim()[1] for a in axes)
+    for a in axes:
+        a.set_ylim(lo, hi)
