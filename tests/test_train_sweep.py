@@ -302,15 +302,18 @@ def test_sub_grids_are_a_union_in_first_appearance_order(tmp_path):
             grids=[{"lr": [0.05, 0.1], "minibatches": [4]}, {"minibatches": [1, 4], "lr": [0.1]}],
         )
     )
-    assert cfg.schedules() == [(0, 0.05, 4), (0, 0.1, 4), (1, 0.05, 4), (1, 0.1, 4),
-                               (0, 0.1, 1), (1, 0.1, 1)]  # fmt: skip
+    assert cfg.schedules() == [(0, 0.05, 4, 0), (0, 0.1, 4, 0), (1, 0.05, 4, 0), (1, 0.1, 4, 0),
+                               (0, 0.1, 1, 0), (1, 0.1, 1, 0)]  # fmt: skip
     assert len(C.expand(cfg)) == 6 * 2  # 2 estimators
     path = tmp_path / "g.toml"
     path.write_text(C.to_toml(cfg), "utf-8")
     assert "[[grids]]" in path.read_text("utf-8") and C.load_config(path) == cfg
     plain = C.config_from_dict(small(lag=[0, 1], lr=[0.05, 0.1]))
-    assert plain.schedules() == [(lag, lr, N) for lag in (0, 1) for lr in (0.05, 0.1)
+    assert plain.schedules() == [(lag, lr, N, 0) for lag in (0, 1) for lr in (0.05, 0.1)
                                  for N in (1, 4)]  # fmt: skip
+    lagged = C.config_from_dict(small(lag_updates=[0, 3], minibatches=[4]))
+    assert lagged.schedules() == [(0, lr, 4, L) for L in (0, 3) for lr in lagged.lr]
+    assert {c.columns["lag_updates"] for c in lagged.cells()} == {0, 3}
     assert "grids" not in plain.to_dict()
     with pytest.raises(C.ConfigError, match=r"grids\[0\]\.steps"):
         C.config_from_dict(small(grids=[{"steps": 3}]))
