@@ -285,9 +285,9 @@ def explore(name="grpo", N=16, lr=0.05, precision="none"):
     run = train(env, config, seed=0)
     summary = run_summary(run.assign(run=0), "run").iloc[0]
     _, axes = plt.subplots(1, 2, figsize=(9, 3))
-    axes[0].plot(run.step, run.J, **style.line_kwargs(RECIPES[name][1]))
+    axes[0].plot(run.step, run.J, **style.line_kwargs(RECIPES[name].mapping))
     axes[0].axhline(optimal_J(env), color="0.5", linestyle=":")
-    axes[0].set(xlabel="optimizer step", ylabel="J(π)", title=f"{RECIPES[name][0]}, N = {N}")
+    axes[0].set(xlabel="optimizer step", ylabel="J(π)", title=f"{RECIPES[name].label}, N = {N}")
     axes[1].plot(run.step, run.chi2_seq, color="C3")
     axes[1].set_yscale("symlog", linthresh=1e-3)
     axes[1].set(xlabel="optimizer step", ylabel="χ²_seq(π‖μ)")

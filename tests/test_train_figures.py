@@ -57,7 +57,7 @@ def test_staleness_N1_curves_coincide_and_stale_ones_do_not(stale):
     assert first[-1] > first[0] + 0.1  # it learns
     by_aggregation = {}
     for r in cfg.recipes:
-        by_aggregation.setdefault(recipes.RECIPES[r][3], []).append(r)
+        by_aggregation.setdefault(recipes.RECIPES[r].aggregation, []).append(r)
         # on-policy REINFORCE: token-mean and seq-mean-token-mean give every token of these
         # fixed-length sequences the weight 1/(n·T), computed in another order (to rounding)
         np.testing.assert_allclose(on[r], first, rtol=1e-10, atol=0)
@@ -301,15 +301,45 @@ def test_run_summary_and_band_on_a_known_table():
 
 
 def test_recipes():
-    for name, (label, mapping, preset, aggregation) in recipes.RECIPES.items():
+    for name, r in recipes.RECIPES.items():
         est = recipes.recipe(name, group_size=4)
-        assert est.name == label and est.mapping == mappings.get(mapping, preset=preset)
-        assert est.aggregation == aggregation and est.advantage == "grpo" and est.group_size == 4
-        assert recipes.recipe_of(mapping, aggregation) == name
+        assert est.name == r.label and est.mapping == mappings.get(r.mapping, preset=r.preset)
+        assert est.aggregation == r.aggregation and est.advantage == "grpo"
+        assert est.group_size == 4
+        assert recipes.recipe_of(r.mapping, r.aggregation, r.correction) == name
         entry = recipes.recipe_entry(name, 4)
-        assert entry["mapping"] == mapping and entry["aggregations"] == [aggregation]
+        assert entry["mapping"] == r.mapping and entry["aggregations"] == [r.aggregation]
+        assert recipes.recipe_label(name).endswith(f"({r.mode})")
+        if r.mode == "bypass":  # one ratio π/μ: no correction
+            assert est.correction is None and "correction" not in entry
+        else:  # mapping on π/π_old × correction on π_old/μ
+            assert est.correction.name == r.correction and est.mode == "decoupled"
     assert recipes.recipe("gspo").mapping.eps_low == 3e-4  # the paper's band, not the libraries'
+    # token-TIS is Yao et al.'s decoupled PPO × TIS, not REINFORCE × min(π/μ, 2)
+    tis = recipes.recipe("tis")
+    assert tis.mapping.name == "ppo_clip" and tis.correction.name == "tis_token"
+    # ppo_tis: verl's vanilla PPO loss, whose dual clip clip_ratio_c = 3 is always on
+    assert recipes.recipe("ppo_tis").mapping.name == "dual_clip"
+    assert recipes.recipe("ppo_tis").mapping.c_dual == 3.0
     assert recipes.recipe_of("ppo_clip", "token-mean") is None
+    with pytest.raises(ValueError, match="decoupled recipe has a correction"):
+        recipes.Recipe("x", "ppo_clip", None, "token-mean", "bypass", "tis_token")
+
+
+def test_decoupled_ppo_tis_first_update_is_reinforce():
+    """N = 1, no lag, no mismatch: π = π_old = μ, so decoupled PPO × TIS has c = 1·1 and its
+    first update equals on-policy REINFORCE's (same seed, same batch) to 1e-6."""
+    from simkit.train import TrainConfig, train
+
+    env = TokenMDP.at_least_k(V=4, T=6, k=2, seed=1, scale=0.5)
+    thetas = {}
+    for name in ("tis", "naive"):
+        seen = []
+        cfg = TrainConfig(recipes.recipe(name, 4), steps=2, batch=16, lr=0.1)
+        train(env, cfg, seed=3, callback=lambda s, th, seen=seen: seen.append(np.array(th)))
+        thetas[name] = seen[1]
+    assert np.abs(thetas["tis"] - env.logits).max() > 1e-3  # it moved
+    np.testing.assert_allclose(thetas["tis"], thetas["naive"], rtol=0, atol=1e-6)
     with pytest.raises(KeyError, match="available recipes: grpo"):
         recipes.recipe("ppo")
 

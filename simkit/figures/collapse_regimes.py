@@ -111,7 +111,7 @@ class Config:
     seeds: tuple[int, ...] = (0, 1, 2)
 
     def __post_init__(self):
-        known = {*RECIPES, *COMPOSED_RECIPES}
+        known = set(RECIPES)
         unknown = [r for r in self.recipes if r not in known]
         if unknown:
             raise ValueError(f"unknown recipe(s) {unknown}; available: {', '.join(known)}")

@@ -120,7 +120,7 @@ def _hyperparams(recipe: str) -> tuple:
     """The recipe's preset (e.g. GSPO "paper") as the loss's keyword pairs."""
     from simkit import mappings
 
-    _, mapping, preset, _ = RECIPES[recipe]
+    mapping, preset = RECIPES[recipe].mapping, RECIPES[recipe].preset
     if preset is None:
         return ()
     m = mappings.get(mapping, preset=preset)
@@ -131,11 +131,15 @@ def lm_config(cfg: Config, recipe: str, N: int):
     """The :class:`~simkit.lm.train.LMTrainConfig` of one (recipe, N) run."""
     from simkit.lm.train import LMTrainConfig
 
-    _, mapping, _, aggregation = RECIPES[recipe]
+    r = RECIPES[recipe]
+    composed = {}
+    if r.correction is not None:
+        composed = dict(correction=r.correction, mode=r.mode)
     return LMTrainConfig(
-        mapping=mapping,
+        mapping=r.mapping,
+        **composed,
         hyperparams=_hyperparams(recipe),
-        aggregation=aggregation,
+        aggregation=r.aggregation,
         minibatches=N,
         **train_fields(cfg),
     )

@@ -213,9 +213,12 @@ def run_grid(sweep: TrainSweepConfig, workers: int | None = None) -> pd.DataFram
     table = run_config(
         sweep, progress=False, backend="processes" if pool else "serial", workers=pool
     )
-    pairs = list(zip(table["mapping"], table["aggregation"], strict=True))
-    lookup = {p: recipe_of(*p) for p in set(pairs)}
-    table.insert(0, "recipe", [lookup[p] for p in pairs])
+    lookup = {}
+    for ec in sweep.estimators:
+        for est in ec.build():
+            corr = None if est.correction is None else est.correction.name
+            lookup[est.name] = recipe_of(est.mapping.name, est.aggregation, corr)
+    table.insert(0, "recipe", table["estimator"].map(lookup))
     return table
 
 
@@ -419,7 +422,7 @@ def compute(cfg: Config, workers: int | None = None) -> Data:
 
 def recipe_style(recipe: str, **overrides) -> dict:
     """Line style of a recipe: the house style of its mapping, labelled with the recipe."""
-    mapping = RECIPES[recipe][1]
+    mapping = RECIPES[recipe].mapping
     kwargs = style.line_kwargs(mapping, **overrides)
     kwargs["label"] = recipe_label(recipe)
     return kwargs
