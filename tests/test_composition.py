@@ -82,7 +82,8 @@ def test_bypass_double_count_is_refused_unless_allowed():
         assert ok.correction is not None
     assert not composition.carries_ratio(get("naive"))
     assert not composition.carries_ratio(get("geo_mask"))
-    assert composition.carries_ratio(get("ppo_clip")) and composition.carries_ratio(get("tis_token"))
+    assert composition.carries_ratio(get("ppo_clip"))
+    assert composition.carries_ratio(get("tis_token"))
 
 
 def test_pi_old_equal_to_pi_gives_the_correction_alone():

@@ -425,5 +425,5 @@ def test_rollout_lag_is_lag_updates_k_times_N():
     pd.testing.assert_frame_equal(a, b)
     with pytest.raises(ValueError, match="at most one of lag"):
         TrainConfig(grpo("ppo_clip"), lag=1, lag_updates=2, **base)
-    with pytest.raises(ValueError, match="TrainConfig.lag_updates"):
+    with pytest.raises(ValueError, match=r"TrainConfig\.lag_updates"):
         TrainConfig(grpo("ppo_clip"), lag_updates=-1, **base)

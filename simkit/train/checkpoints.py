@@ -24,7 +24,7 @@ from simkit.train.records import records_table
 from simkit.train.rollout import Rollout, TrainState
 from simkit.train.worlds import as_prompts
 
-_FORMAT = 3  # checkpoint format version (2: the rollout's prompts; 3: version steps, lag in updates)
+_FORMAT = 3  # checkpoint format (2: the rollout's prompts; 3: version steps, lag in updates)
 _RUN_FILE = "run.json"
 CHECKPOINT_FILE = "checkpoint.npz"
 #: the checkpoint before the last one, kept so that a damaged checkpoint costs one chunk

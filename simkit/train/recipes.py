@@ -14,19 +14,21 @@ hyperparameters, an aggregation (how the token terms are normalised), an advanta
 All use the GRPO group advantage A = (R − mean_G)/(std_G + ε) over groups of G consecutive
 responses:
 
-=========  ======================================  ===================  ==========  ===============================
-recipe     mapping (hyperparameters) [× correction]  aggregation          mode        source
-=========  ======================================  ===================  ==========  ===============================
-grpo       ``ppo_clip`` (ε = 0.2)                  seq-mean-token-mean  bypass      DeepSeekMath (Shao et al. 2024)
-gspo       ``gspo`` (paper ε 3e-4/4e-4)            seq-mean-token-mean  bypass      GSPO (Zheng et al. 2025)
-sapo       ``sapo`` (τ 1.0 / 1.05)                 seq-mean-token-mean  bypass      SAPO (Gao et al. 2025)
-vespo      ``vespo`` ((k, λ) = (2,3)/(3,2))        token-mean           bypass      VESPO (arXiv 2602.10693)
-tis        ``ppo_clip`` × ``tis_token`` (C = 2)    token-mean           decoupled   Yao et al. 2025 (token TIS)
-mis        ``mis_seq`` (C = 2)                     token-mean           bypass      rl-collapse (seq-level MIS)
-geo_mask   ``geo_mask`` ([0.5, 2])                 token-mean           bypass      rl-collapse part 3 (Geo-Mask)
-naive      ``naive`` (c = 1)                       token-mean           bypass      no correction (REINFORCE on μ)
-ppo_tis    ``dual_clip`` (verl) × ``tis_token``    seq-mean-token-mean  decoupled   verl vanilla PPO (clip_ratio_c 3)
-=========  ======================================  ===================  ==========  ===============================
+========  ====================================  ==========  =========  =======================
+recipe    mapping [× correction]                aggregation  mode       source
+========  ====================================  ==========  =========  =======================
+grpo      ``ppo_clip`` (ε = 0.2)                seq-mean    bypass     DeepSeekMath 2024
+gspo      ``gspo`` (paper ε 3e-4/4e-4)          seq-mean    bypass     GSPO (Zheng 2025)
+sapo      ``sapo`` (τ 1.0 / 1.05)               seq-mean    bypass     SAPO (Gao 2025)
+vespo     ``vespo`` ((k, λ) = (2,3)/(3,2))      token-mean  bypass     VESPO (2602.10693)
+tis       ``ppo_clip`` × ``tis_token`` (C = 2)  token-mean  decoupled  Yao et al. 2025
+mis       ``mis_seq`` (C = 2)                   token-mean  bypass     rl-collapse (seq MIS)
+geo_mask  ``geo_mask`` ([0.5, 2])               token-mean  bypass     rl-collapse (Geo-Mask)
+naive     ``naive`` (c = 1)                     token-mean  bypass     REINFORCE on μ
+ppo_tis   ``dual_clip`` (verl) × ``tis_token``  seq-mean    decoupled  verl vanilla PPO
+========  ====================================  ==========  =========  =======================
+
+(seq-mean: seq-mean-token-mean.)
 
 ``tis`` is Yao et al.'s decoupled PPO × token TIS (PPO clip ε = 0.2 on π/π_old, min(π_old/μ, 2)
 on the engine leg), not REINFORCE × min(π/μ, 2); ``ppo_tis`` is verl's: its vanilla PPO loss
@@ -110,7 +112,8 @@ def _check(name: str) -> Recipe:
     try:
         return RECIPES[name]
     except KeyError:
-        raise KeyError(f"unknown recipe {name!r}; available recipes: {', '.join(RECIPES)}") from None
+        available = ", ".join(RECIPES)
+        raise KeyError(f"unknown recipe {name!r}; available recipes: {available}") from None
 
 
 def recipe_label(name: str, mode: bool = True) -> str:

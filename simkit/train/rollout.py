@@ -148,7 +148,9 @@ def new_rollout(
     drop = sum(1 for v in state.version_steps if v < b)
     del state.versions[:drop], state.version_steps[:drop]
     if not state.version_steps or state.version_steps[0] != b:
-        raise RuntimeError(f"rollout {index}: θ of step {b} was not kept (steps {state.version_steps})")
+        raise RuntimeError(
+            f"rollout {index}: θ of step {b} was not kept (kept: {state.version_steps})"
+        )
     theta_b = state.versions[0]
     behind = index * N - b
     log_mu = behaviour_log_probs(param.logits(theta_b), config.mismatch, state.rng_mismatch)
