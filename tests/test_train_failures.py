@@ -141,8 +141,9 @@ def test_label_order_and_no_J_star():
 #: at_least_k(V = 16, T = 32, k = 6) (J₀ ≈ 0.0034, J* = 1), tabular, lag 8, N = 16 mini-batches
 #: of 16 sequences (GRPO groups of 8), Adam lr 0.3, gradient norm clipped to 1, 300 steps,
 #: exact J every 10 steps. Measured (seeds 0, 1, 2): GRPO peak 0.999 / 0.174 / 0.884 → final
-#: 0.713 / 0.0001 / 0.17 (seeds 1 and 2 collapse), KL_seq up to 66–90 nats; dual clip final
-#: 0.99 / 0.80 / 0.94, none collapsed.
+#: 0.713 / 0.0001 / 0.17, KL_seq up to 66–90 nats; dual clip final 0.99 / 0.80 / 0.94, none
+#: collapsed. Seed 2 is a collapse; seed 1 never reached half of the achievable gain (peak
+#: 0.174): since issue 23 it is not a collapse but premature determinism (it locked in).
 REGIME = dict(steps=300, batch=256, minibatches=16, lag=8, lr=0.3, max_grad_norm=1.0)
 REGIME_ENV = dict(V=16, T=32, k=6, seed=0)
 
@@ -172,8 +173,9 @@ def test_regime_grpo_collapses_where_dual_clip_does_not(seed):
         ),
         seed,
     )
-    assert grpo["failure"] == "collapse", grpo.to_dict()
-    assert grpo["J_final"] < 0.5 * grpo["J_peak"]
+    assert grpo["failure"] == ("collapse" if seed == 2 else "determinism"), grpo.to_dict()
+    assert grpo["J_final"] < 0.5 * grpo["J_peak"] and grpo["collapsed"]
+    assert grpo["stalled"] == (seed == 1)
     assert not dual["collapsed"] and dual["J_final"] > 0.5, dual.to_dict()
     assert grpo["kl_seq_max"] > KL_SEQ_EXPLOSION  # the drift that makes it collapse
 

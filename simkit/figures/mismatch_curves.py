@@ -84,8 +84,8 @@ class Config:
     parameterization: str = "tied"
     recipes: tuple[str, ...] = ("tis", "mis", "geo_mask", "vespo", "naive")
     mismatches: tuple[Mismatch, ...] = (
-        Mismatch(relative_noise=0.05),
-        Mismatch(precision="bf16", sharpness_noise=0.5),
+        Mismatch(relative_noise=0.03),
+        Mismatch(precision="bf16", sharpness_noise=0.25),
     )
     minibatches: int = 1
     minibatch_size: int = 16

@@ -325,8 +325,10 @@ def age_note(table: pd.DataFrame, by) -> str:
     parts = []
     for key, g in table.groupby(list(by), sort=False):
         key = key if isinstance(key, tuple) else (key,)
-        first = g[g["seed"] == g["seed"].iloc[0]]
-        first = first[first["recipe"] == first["recipe"].iloc[0]]
+        first = g
+        for column in ("seed", "recipe", "T", "lr", "mismatch"):  # one run of the group
+            if column in first and column not in by:
+                first = first[first[column] == first[column].iloc[0]]
         age = first["policy_age_mean"].to_numpy()
         on_start = int((first["step"].to_numpy() - age == 0).sum())
         label = ", ".join(f"{_short(c)} = {v}" for c, v in zip(by, key, strict=True))
@@ -352,7 +354,8 @@ def ordering(
     """``"A 0.990 ± 0.010 > B 0.950 ± 0.020 ≈ C 0.940 ± 0.030"``: the recipes of ``summary`` by
     ``column`` (mean over seeds) ± ``<column>_se``, best first, ``digits`` decimals. Between
     neighbours ``>`` when the difference exceeds 2 combined SE, else ``≈`` (a tie); a
-    non-finite SE prints as ``± n/a`` and its neighbours are ties (not resolved). With fewer
+    non-finite SE prints as ``± n/a`` and its neighbours are ties (not resolved); with three or
+    more recipes the count of all pairs apart by more than 2 SE follows. With fewer
     than :data:`MIN_SEEDS` runs per recipe the line says the ordering is not claimed."""
     rows = summary.sort_values(column, ascending=False)
     means = rows[column].to_numpy(float)
@@ -364,6 +367,16 @@ def ordering(
             both = math.hypot(ses[i - 1], se)
             text += " > " if np.isfinite(both) and gap > 2 * both else " ≈ "
         text += f"{label(r)} {m:.{digits}f} ± " + (f"{se:.{digits}f}" if np.isfinite(se) else "n/a")
+    n = len(means)
+    if n > 2:
+        resolved = sum(
+            1
+            for i in range(n)
+            for k in range(i + 1, n)
+            if np.isfinite(math.hypot(ses[i], ses[k]))
+            and means[i] - means[k] > 2 * math.hypot(ses[i], ses[k])
+        )
+        text += f" ({resolved} of {n * (n - 1) // 2} pairs apart by > 2 SE)"
     if "runs" in rows and len(rows) and int(rows["runs"].min()) < MIN_SEEDS:
         text += f" (fewer than {MIN_SEEDS} seeds: ordering not claimed)"
     return text
