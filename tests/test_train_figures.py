@@ -208,6 +208,9 @@ def test_mismatch_notes_and_verdict(mism):
         assert fragment in text, fragment
     kl = mism.table[mism.table.recorded & (mism.table.mismatch == mism.mismatch_order[-1])]
     assert f"largest {kl['kl_tok'].max():.2g}" in text
+    assert ("outside that range" in text) == (
+        kl["kl_tok"].max() > 1e-2 or kl["kl_tok"].median() < 1e-4
+    )
     seq = {"mis": {"ok": 8}, "geo_mask": {"ok": 7, "stall": 1}}
     yes = mismatch_curves.claim_verdict(
         made_up_runs({"tis": {"collapse": 4, "ok": 4}, **seq, "naive": {"collapse": 7, "ok": 1}}),

@@ -85,7 +85,7 @@ class Config:
     recipes: tuple[str, ...] = ("tis", "mis", "geo_mask", "vespo", "naive")
     mismatches: tuple[Mismatch, ...] = (
         Mismatch(relative_noise=0.03),
-        Mismatch(precision="bf16", sharpness_noise=0.25),
+        Mismatch(precision="bf16", sharpness_noise=0.2),
     )
     minibatches: int = 1
     minibatch_size: int = 16
@@ -178,7 +178,11 @@ def kl_tok_note(table: pd.DataFrame, order) -> str:
     parts = []
     for label in order:
         kl = rec[rec["mismatch"] == label]["kl_tok"]
-        parts.append(f"'{label}' median {kl.median():.2g}, largest {kl.max():.2g}")
+        inside = 1e-4 <= kl.median() and kl.max() <= 1e-2
+        parts.append(
+            f"'{label}' median {kl.median():.2g}, largest {kl.max():.2g}"
+            + ("" if inside or label == "none" else " (outside that range)")
+        )
     return "Per-token KL(π‖μ) reached (trainers log 1e-4 to 1e-2): " + "; ".join(parts) + "."
 
 
