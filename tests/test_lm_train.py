@@ -181,3 +181,11 @@ def test_exact_J_column_and_gradient_clipping():
     assert not torch.equal(params(clipped), params(free))
     with pytest.raises(ValueError, match="max_grad_norm"):
         LMTrainConfig(max_grad_norm=0.0)
+
+
+def test_bypass_double_count_is_refused():
+    with pytest.raises(ValueError, match="'ppo_clip' and correction 'tis_token'"):
+        LMTrainConfig(mapping="ppo_clip", correction="tis_token", mode="bypass")
+    LMTrainConfig(mapping="ppo_clip", correction="tis_token", mode="bypass", allow_same_ratio=True)
+    LMTrainConfig(mapping="naive", correction="tis_token", mode="bypass")
+    LMTrainConfig(mapping="ppo_clip", correction="tis_token", mode="decoupled")

@@ -104,7 +104,9 @@ class LMTrainConfig:
     ``lr``; ``response_length``; inference engine ``precision`` (None or ``"bf16"``) and
     ``temperature``; task ``target`` token, ``n_prompts``, ``prompt_length``, ``task_seed``,
     ``eval_seed``; evaluation ``eval_every``, ``eval_samples``, ``exact_J``; gradient clipping
-    ``max_grad_norm`` (None: none).
+    ``max_grad_norm`` (None: none). A bypass composition whose mapping and correction both carry
+    the ratio (:func:`simkit.composition.carries_ratio`) is refused unless
+    ``allow_same_ratio``, as :class:`simkit.estimators.Estimator` refuses it.
     """
 
     mapping: str = "naive"
@@ -130,6 +132,7 @@ class LMTrainConfig:
     eval_samples: int = 32
     exact_J: bool = False
     max_grad_norm: float | None = None
+    allow_same_ratio: bool = False
 
     def __post_init__(self):
         for name, low in (
@@ -166,6 +169,19 @@ class LMTrainConfig:
                 "LMTrainConfig.mode must be 'decoupled', 'bypass' or 'trl_vespo', got "
                 f"{self.mode!r}"
             )
+        if self.correction is not None and self.mode == "bypass" and not self.allow_same_ratio:
+            from simkit import composition, mappings
+
+            both = all(
+                composition.carries_ratio(mappings.get(name))
+                for name in (self.mapping, self.correction)
+            )
+            if both:
+                raise ValueError(
+                    f"LMTrainConfig: mode 'bypass' sets π_old := μ, so mapping {self.mapping!r} "
+                    f"and correction {self.correction!r} would both act on the one ratio π/μ "
+                    "(the ratio counted twice); use mode 'decoupled' or allow_same_ratio=True"
+                )
         if self.precision not in (None, "bf16"):
             raise ValueError(
                 f"LMTrainConfig.precision must be None or 'bf16', got {self.precision!r}"
