@@ -245,8 +245,12 @@ def draw(data: Data):
         part = data.grid[data.grid["recipe"] == r].set_index(["N", "T"])
         values = np.array([[part.loc[(N, T), "gain"] for T in Ts] for N in Ns], dtype=float)
         collapsed = [[part.loc[(N, T), "collapsed"] > 0 for T in Ts] for N in Ns]
-        stalled = [
-            [2 * part.loc[(N, T), "stall"] > part.loc[(N, T), "runs"] for T in Ts] for N in Ns
+        stalled = [  # a grid without labels (no ``stall`` column) marks none
+            [
+                "stall" in part and 2 * part.loc[(N, T), "stall"] > part.loc[(N, T), "runs"]
+                for T in Ts
+            ]
+            for N in Ns
         ]
         image = _common.annotated_heatmap(
             ax,
