@@ -25,11 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 
 from simkit.config import TrainSweepConfig
-from simkit.figures import _common, staleness_curves
+from simkit.figures import staleness_curves
 from simkit.figures.staleness_curves import (
     claim_verdict,
     environment_dict,
@@ -242,29 +241,26 @@ def draw(data: Data):
     fig, panels, axes, _ = split_grid(len(recipes), data.notes, (2.3, 2.0), (0.9, 0.4))
     image = None
     for ax, r in zip(axes, recipes, strict=False):
-        part = data.grid[data.grid["recipe"] == r].set_index(["N", "T"])
-        values = np.array([[part.loc[(N, T), "gain"] for T in Ts] for N in Ns], dtype=float)
-        collapsed = [[part.loc[(N, T), "collapsed"] > 0 for T in Ts] for N in Ns]
-        stalled = [  # a grid without labels (no ``stall`` column) marks none
-            [
-                "stall" in part and 2 * part.loc[(N, T), "stall"] > part.loc[(N, T), "runs"]
-                for T in Ts
-            ]
-            for N in Ns
-        ]
-        image = _common.annotated_heatmap(
+        part = data.grid[data.grid["recipe"] == r]
+
+        def text(cell):
+            stalled = "stall" in cell and 2 * cell["stall"] > cell["runs"]  # none without labels
+            return (
+                f"{cell['gain']:.2f}"
+                + (" ×" if cell["collapsed"] > 0 else "")
+                + (" s" if stalled else "")
+            )
+
+        image = staleness_curves.grid_panel(
             ax,
-            values,
-            [
-                [
-                    f"{v:.2f}" + (" ×" if c else "") + (" s" if st else "")
-                    for v, c, st in zip(vs, cs, sts, strict=True)
-                ]
-                for vs, cs, sts in zip(values, collapsed, stalled, strict=True)
-            ],
-            [["white" if v < 0.55 else "black" for v in vs] for vs in values],
-            [str(T) for T in Ts],
-            [str(N) for N in Ns],
+            part,
+            Ns,
+            Ts,
+            "N",
+            "T",
+            lambda cell: cell["gain"],
+            text,
+            lambda cell: "white" if cell["gain"] < 0.55 else "black",
             cmap="viridis",
             vmin=0.0,
             vmax=1.0,

@@ -26,15 +26,14 @@ from __future__ import annotations
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 
 from simkit.config import TrainSweepConfig
 from simkit.envs.token_mdp import TokenMDP
-from simkit.figures import _common
 from simkit.figures.staleness_curves import (
     CONTROL,
     MIN_SEEDS,
+    grid_panel,
     ordering,
     pool_size,
     seed_means,
@@ -407,31 +406,25 @@ def _panel(ax, part: pd.DataFrame, rows, cols, row_key, col_key, fmt_row):
     from matplotlib.colors import ListedColormap
 
     labels = list(FAILURE_LABELS)
-    cmap = ListedColormap([LABEL_COLORS[lab] for lab in labels])
-    index = part.set_index([row_key, col_key])
-    cells = [[index.loc[(rv, cv)] for cv in cols] for rv in rows]
-    _common.annotated_heatmap(
+    grid_panel(
         ax,
-        np.array([[labels.index(c["label"]) for c in line] for line in cells], dtype=float),
-        [
-            [
-                f"{LABEL_SHORT[c['label']]} {c['count']}/{c['runs']}\n"
-                f"d{c['drift']} KL {c['kl_seq_max']:.2g}"
-                for c in line
-            ]
-            for line in cells
-        ],
-        [
-            ["white" if c["label"] in ("collapse", "determinism") else "black" for c in line]
-            for line in cells
-        ],
-        [str(c) for c in cols],
-        [fmt_row(r) for r in rows],
-        cmap=cmap,
+        part,
+        rows,
+        cols,
+        row_key,
+        col_key,
+        lambda c: labels.index(c["label"]),
+        lambda c: (
+            f"{LABEL_SHORT[c['label']]} {c['count']}/{c['runs']}\n"
+            f"d{c['drift']} KL {c['kl_seq_max']:.2g}"
+        ),
+        lambda c: "white" if c["label"] in ("collapse", "determinism") else "black",
+        cmap=ListedColormap([LABEL_COLORS[lab] for lab in labels]),
         vmin=-0.5,
         vmax=len(labels) - 0.5,
         fontsize=4.8,
         tick_fontsize=5.5,
+        row_format=fmt_row,
     )
 
 

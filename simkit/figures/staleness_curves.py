@@ -615,6 +615,27 @@ def split_grid(n: int, notes, panel_size, margins, max_cols: int = 3, **subplot_
     return fig, panels, axes, (rows, cols)
 
 
+def grid_panel(ax, part: pd.DataFrame, rows, cols, row_key, col_key, value, text, color, **kw):
+    """One heat-map panel of a training map (``collapse_map``, ``collapse_regimes``): the rows
+    of ``part`` indexed by (``row_key``, ``col_key``) at ``rows`` × ``cols``; ``value(cell)``,
+    ``text(cell)`` and ``color(cell)`` give each cell's number, annotation and text colour
+    (``cell``: the row, a Series); ``kw`` goes to :func:`simkit.figures._common.annotated_heatmap`
+    (``cmap``, ``vmin``, ``vmax``, ``fontsize``, ``row_format`` for the tick labels, …).
+    Returns the image."""
+    index = part.set_index([row_key, col_key])
+    cells = [[index.loc[(r, c)] for c in cols] for r in rows]
+    row_format = kw.pop("row_format", str)
+    return _common.annotated_heatmap(
+        ax,
+        np.array([[value(cell) for cell in line] for line in cells], dtype=float),
+        [[text(cell) for cell in line] for line in cells],
+        [[color(cell) for cell in line] for line in cells],
+        [str(c) for c in cols],
+        [row_format(r) for r in rows],
+        **kw,
+    )
+
+
 def plot_band(ax, recipe: str, x, mean, lo, hi) -> None:
     """A recipe's learning curve: ``mean`` against ``x`` in the recipe's style
     (:func:`recipe_style`, width 1.2) over a band from ``lo`` to ``hi`` of the same colour."""
