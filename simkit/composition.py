@@ -17,7 +17,10 @@ the composed coefficient of :class:`simkit.estimators.Estimator` with ``correcti
   of π/π_old times ``importance_sampling_ratio`` = truncated or masked π_old/μ);
 - ``mode="bypass"``: π_old := μ, both act on the one ratio π/μ: c = c_mapping(ℓ)·c_correction(ℓ)
   — verl's ``bypass_mode`` (old_log_prob = rollout_log_prob; REINFORCE with IS weights, or
-  PPO-clip with the rejection mask only: pass ``correction=None``/a mask accordingly);
+  PPO-clip with the rejection mask only: pass ``correction=None``/a mask accordingly). When
+  both the mapping and the correction carry the ratio (:func:`carries_ratio`: PPO clip × TIS,
+  c = r·min(r, C) — the ratio counted twice, which verl's bypass mode refuses) the
+  composition is refused unless ``allow_same_ratio=True``;
 - ``mode="trl_vespo"``: TRL's VESPO (``GRPOTrainer.get_gamma_weights``, f2cd577), which folds
   the token correction into the sequence ratio instead of multiplying the loss:
   log W = Σ_t clip(ℓ_t − o_t, ±``max_log_ratio_tok``) + Σ_t clip(log w_t, log 1e-8, 20) with
@@ -62,8 +65,30 @@ TRL_VESPO_CORRECTIONS = ("tis_token", "mis_token", "icepop")
 TRL_LOG_IS_LOW, TRL_LOG_IS_HIGH = math.log(1e-8), 20.0
 
 
-def check_correction(mapping: Mapping, correction, mode: str, denominator: str):
-    """Validate the composition fields; return the correction as a Mapping (or None)."""
+#: log-ratios (two rows, A = +1 and −1) near on-policy, inside every mapping's trust band:
+#: the probe of :func:`carries_ratio` (unequal, so that sequence ratios differ from 1 too)
+_PROBE_LOG_RATIO = np.array([[0.03, 0.05, -0.01, 0.02], [0.04, -0.02, 0.03, 0.01]])
+
+
+def carries_ratio(mapping: Mapping) -> bool:
+    """True when the mapping's coefficient moves with the ratio near on-policy: some c on the
+    probe log-ratios (|ℓ| ≤ 0.05, A = ±1) is neither 0 nor 1. False for REINFORCE (``naive``)
+    and the pure masks (``geo_mask``, ``opsm``, ``token_veto``, ``kl_rs``, ``topr``), whose c is 0
+    or 1; True for PPO clip (c = r in the band), TIS (min(r, C)), masked IS (r·1[band]), VESPO…
+    Two such factors on the one ratio π/μ count it twice."""
+    lr = _PROBE_LOG_RATIO
+    c = call(mapping, lr, np.ones(lr.shape, bool), np.array([1.0, -1.0]), np.random.default_rng(0))
+    return bool(np.any((np.abs(c) > 1e-12) & (np.abs(c - 1.0) > 1e-12)))
+
+
+def check_correction(
+    mapping: Mapping, correction, mode: str, denominator: str, allow_same_ratio: bool = False
+):
+    """Validate the composition fields; return the correction as a Mapping (or None).
+
+    ``mode="bypass"`` with a mapping and a correction that both carry the ratio
+    (:func:`carries_ratio`) is refused unless ``allow_same_ratio``: both would act on the one
+    ratio π/μ (bypass PPO clip × TIS gives c = r·min(r, C) at A < 0)."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
     if denominator not in DENOMINATORS:
@@ -88,6 +113,15 @@ def check_correction(mapping: Mapping, correction, mode: str, denominator: str):
             raise ValueError(
                 f"mode 'trl_vespo' folds a token correction into W; correction must be one of "
                 f"{', '.join(TRL_VESPO_CORRECTIONS)}, got {correction.name!r}"
+            )
+    if mode == "bypass" and not allow_same_ratio and carries_ratio(mapping):
+        if carries_ratio(correction):
+            raise ValueError(
+                f"mode 'bypass' sets π_old := μ, so mapping {mapping.name!r} and correction "
+                f"{correction.name!r} would both act on the one ratio π/μ (the ratio counted "
+                "twice, e.g. PPO clip × TIS gives c = r·min(r, C)); use mode 'decoupled' "
+                "(mapping on π/π_old, correction on π_old/μ), a mask correction (geo_mask, "
+                "opsm, token_veto), or allow_same_ratio=True to compose them anyway"
             )
     return correction
 

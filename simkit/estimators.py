@@ -223,6 +223,10 @@ class Estimator:
         mapping's and the correction's rejections keep: verl's legacy path).
     seed : int
         Seed of the Generator of a stochastic mapping (``clip_cov``) when none is passed.
+    allow_same_ratio : bool
+        Compose in ``mode="bypass"`` a mapping and a correction that both carry the ratio
+        (:func:`simkit.composition.carries_ratio`: PPO clip × TIS, c = r·min(r, C)), which is
+        refused by default: the ratio π/μ would be counted twice.
     """
 
     mapping: Mapping | str
@@ -236,12 +240,13 @@ class Estimator:
     mode: str = "decoupled"
     denominator: str = "valid"
     seed: int = 0
+    allow_same_ratio: bool = False
 
     def __post_init__(self):
         mapping = as_mapping(self.mapping)
         object.__setattr__(self, "mapping", mapping)
         correction = composition.check_correction(
-            mapping, self.correction, self.mode, self.denominator
+            mapping, self.correction, self.mode, self.denominator, self.allow_same_ratio
         )
         object.__setattr__(self, "correction", correction)
         if self.aggregation not in AGGREGATIONS:

@@ -55,10 +55,35 @@ def test_on_policy_in_both_legs_gives_one(mode):
     zeros = np.zeros(mask.shape)
     for m in MAPPINGS:
         for corr in CORRECTIONS:
-            est = Estimator(m, correction=corr, mode=mode)
+            # bypass with two ratio-carrying factors is refused by default (next test)
+            est = Estimator(m, correction=corr, mode=mode, allow_same_ratio=True)
             c = est.coefficients(zeros, mask, adv, old_log_ratio=zeros)
             np.testing.assert_array_equal(c[mask], 1.0, err_msg=f"{m} × {corr}")
             np.testing.assert_array_equal(c[~mask], 0.0)
+
+
+def test_bypass_double_count_is_refused_unless_allowed():
+    """Bypass PPO clip × TIS would give c = r·min(r, 2) = 2.25 at r = 1.5, A < 0 (the ratio
+    counted twice): refused with a message naming both; allowed explicitly it is that product;
+    a mask correction or REINFORCE × TIS in bypass, and decoupled PPO × TIS, are accepted."""
+    with pytest.raises(ValueError, match=r"'ppo_clip' and correction 'tis_token'.*twice"):
+        Estimator("ppo_clip", correction="tis_token", mode="bypass")
+    with pytest.raises(ValueError, match=r"'vespo' and correction 'mis_token'"):
+        Estimator("vespo", correction="mis_token", mode="bypass")
+    est = Estimator("ppo_clip", correction="tis_token", mode="bypass", allow_same_ratio=True)
+    lr = np.full((1, 1), np.log(1.5))
+    c = est.coefficients(lr, np.ones((1, 1), bool), np.array([-1.0]))
+    np.testing.assert_allclose(c, 1.5 * 1.5, rtol=1e-15)  # r·min(r, 2): what is refused
+    for ok in (
+        Estimator("ppo_clip", correction="geo_mask", mode="bypass"),
+        Estimator("naive", correction="tis_token", mode="bypass"),
+        Estimator("ppo_clip", correction="tis_token", mode="decoupled"),
+    ):
+        assert ok.correction is not None
+    assert not composition.carries_ratio(get("naive"))
+    assert not composition.carries_ratio(get("geo_mask"))
+    assert composition.carries_ratio(get("ppo_clip"))
+    assert composition.carries_ratio(get("tis_token"))
 
 
 def test_pi_old_equal_to_pi_gives_the_correction_alone():

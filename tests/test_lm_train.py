@@ -141,3 +141,51 @@ def test_cuda_run_is_reproducible_and_resumes(tmp_path):
     train_lm(model().to("cuda"), small(), seed=1, out_dir=tmp_path, stop_after=4)
     resumed = train_lm(model().to("cuda"), small(), seed=1, out_dir=tmp_path)
     pd.testing.assert_frame_equal(resumed, a)
+
+
+def test_exact_presence_J_equals_the_enumeration_of_every_response():
+    """J(π) by the target-free responses = Σ over all V^T responses of π(y|x)·1{target ∈ y},
+    the probabilities written here from one forward pass per full response (V = 8, T = 3). The
+    model runs in float64 but transformers' LlamaRMSNorm normalises in float32, so forward
+    passes of other batch shapes differ by ~1e-9 relative: tolerance 1e-7 (a wrong response
+    set or a shifted position moves J by > 1e-3)."""
+    import itertools
+
+    from simkit.lm.tasks import TokenTask
+    from simkit.lm.train import exact_presence_J
+
+    m = model().double()
+    prompts = TokenTask(8, 1, 3, 3, seed=1).prompt_ids()
+    total = 0.0
+    with torch.no_grad():
+        for x in prompts:
+            for y in itertools.product(range(8), repeat=3):
+                ids = torch.tensor([[*x, *y]])
+                lp = torch.log_softmax(m(ids).logits[0].double(), dim=-1)
+                logp = sum(float(lp[len(x) - 1 + t, y[t]]) for t in range(3))
+                total += (1 in y) * float(torch.tensor(logp).exp())
+    expected = total / len(prompts)
+    assert exact_presence_J(m, prompts, 1, 3) == pytest.approx(expected, rel=1e-7, abs=0)
+
+
+def test_exact_J_column_and_gradient_clipping():
+    cfg = dict(steps=3, minibatch_size=8, lr=0.05, response_length=2, eval_every=1)
+    table = train_lm(model(), LMTrainConfig(exact_J=True, **cfg), seed=0)
+    assert (table["J_se"] == 0).all() and table["J"].between(0, 1).all()
+    # a tiny clip norm: the first update moves θ by at most lr per coordinate (Adam) — and
+    # clipping changes the run versus no clipping
+    clipped = model()
+    train_lm(clipped, LMTrainConfig(max_grad_norm=1e-6, **cfg), seed=0)
+    free = model()
+    train_lm(free, LMTrainConfig(**cfg), seed=0)
+    assert not torch.equal(params(clipped), params(free))
+    with pytest.raises(ValueError, match="max_grad_norm"):
+        LMTrainConfig(max_grad_norm=0.0)
+
+
+def test_bypass_double_count_is_refused():
+    with pytest.raises(ValueError, match="'ppo_clip' and correction 'tis_token'"):
+        LMTrainConfig(mapping="ppo_clip", correction="tis_token", mode="bypass")
+    LMTrainConfig(mapping="ppo_clip", correction="tis_token", mode="bypass", allow_same_ratio=True)
+    LMTrainConfig(mapping="naive", correction="tis_token", mode="bypass")
+    LMTrainConfig(mapping="ppo_clip", correction="tis_token", mode="decoupled")

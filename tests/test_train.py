@@ -378,3 +378,52 @@ def test_behaviour_noise_and_precision():
     assert err["fp16"] < err["bf16"]
     with pytest.raises(TypeError, match="needs rng"):
         behaviour_log_probs(theta, Mismatch(logit_noise=0.1))
+
+
+# --- lag in optimizer updates and the policy age (issue 23) -------------------------------------
+
+#: policy age of steps 0..11 counted by hand: rollout r starts at step rN and is sampled from
+#: θ_b, b = max(rN − L, 0); mini-batch j of it is updated by π_{rN+j}: age rN + j − b
+HAND_AGES = {
+    (1, 0): [0] * 12,
+    (1, 3): [0, 1, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3],
+    (4, 0): [0, 1, 2, 3] * 3,
+    (4, 3): [0, 1, 2, 3, 3, 4, 5, 6, 3, 4, 5, 6],  # b = 0, 1, 5
+}
+
+
+@pytest.mark.parametrize(("N", "L"), list(HAND_AGES))
+def test_policy_age_equals_a_hand_count(N, L):
+    cfg = TrainConfig(grpo("ppo_clip"), steps=12, batch=4 * N, minibatches=N, lag_updates=L)
+    t = train(small_env(), cfg, seed=0)
+    for col in ("policy_age_min", "policy_age_max", "staleness"):
+        assert t[col].tolist() == HAND_AGES[(N, L)], col
+    assert t["policy_age_mean"].tolist() == [float(a) for a in HAND_AGES[(N, L)]]
+    if L == 0:  # no lag: the age of mini-batch j is j
+        assert (t["policy_age_max"] == t["minibatch"]).all()
+
+
+def test_lag_updates_samples_from_theta_L_updates_before_the_rollout():
+    """N = 2, L = 3: rollout r is drawn from θ_{max(2r − 3, 0)}; the exact KL(π_s‖μ) column is
+    the KL between π_s and that θ's policy, computed here from the callback's parameters."""
+    env = small_env()
+    thetas = []
+    cfg = TrainConfig(grpo("naive"), steps=10, batch=8, minibatches=2, lag_updates=3, lr=0.1)
+    t = train(env, cfg, seed=2, callback=lambda s, th: thetas.append(np.array(th)))
+    for s in range(10):
+        b = max((s // 2) * 2 - 3, 0)
+        mu = np.exp(log_softmax(thetas[b]))
+        expected = env.with_logits(thetas[s]).kl_seq(mu)
+        np.testing.assert_allclose(t["kl_seq"].iloc[s], expected, rtol=1e-12, atol=1e-15)
+
+
+def test_rollout_lag_is_lag_updates_k_times_N():
+    env = small_env()
+    base = dict(steps=12, batch=12, minibatches=3, lr=0.1)
+    a = train(env, TrainConfig(grpo("ppo_clip"), lag=2, **base), seed=1)
+    b = train(env, TrainConfig(grpo("ppo_clip"), lag_updates=6, **base), seed=1)
+    pd.testing.assert_frame_equal(a, b)
+    with pytest.raises(ValueError, match="at most one of lag"):
+        TrainConfig(grpo("ppo_clip"), lag=1, lag_updates=2, **base)
+    with pytest.raises(ValueError, match=r"TrainConfig\.lag_updates"):
+        TrainConfig(grpo("ppo_clip"), lag_updates=-1, **base)

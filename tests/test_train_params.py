@@ -169,7 +169,7 @@ def test_on_policy_every_parameterization_is_reinforce_and_recipes_coincide(eos)
         cols = [c for c in ref.columns if c != "estimator"]
         for r, t in tables.items():
             assert (t["coef_mean"] == 1.0).all(), (kind, r)
-            if RECIPES[r][3] == RECIPES["naive"][3]:
+            if RECIPES[r].aggregation == RECIPES["naive"].aggregation:
                 assert t[cols].equals(ref[cols]), (kind, r)
             elif eos is None:
                 np.testing.assert_allclose(t["J"], ref["J"], rtol=1e-12)

@@ -243,22 +243,24 @@ def test_shipped_config_is_the_full_size_figure(module):
 
 
 def _regime_runs(sweep_cfg) -> list[tuple]:
-    """(recipe, N, lag, lr, seed) of every run of a training sweep, in expansion order."""
+    """(recipe, N, lag_updates, lr, seed) of every run of a training sweep, in expansion
+    order."""
     from simkit.train.recipes import recipe_of
 
     out = []
     for _, tc, seed in sweep_cfg.runs():
         est = tc.estimator
         corr = None if est.correction is None else est.correction.name
-        out.append((recipe_of(est.mapping.name, est.aggregation, corr), tc.minibatches, tc.lag,
-                    tc.lr, seed))  # fmt: skip
+        out.append((recipe_of(est.mapping.name, est.aggregation, corr), tc.minibatches,
+                    tc.lag_updates, tc.lr, seed))  # fmt: skip
     return out
 
 
 @pytest.mark.parametrize("small", [False, True], ids=["full", "small"])
 def test_collapse_regimes_config_cells_are_the_figure_grid(small):
     """The sweep's runs are exactly the figure's: usable recipes (decoupled PPO × TIS included)
-    × the cells of its two grids (shared cells once) × seeds — 441 runs at full size."""
+    × the cells of its two grids (shared cells once) × seeds — 5 × 6 × 4 = 120 runs at full
+    size, 3 × 6 × 2 = 36 small."""
     cfg = collapse_regimes.config(small=small)
     runs = _regime_runs(collapse_regimes.sweep_config(cfg))
     jobs = [
@@ -269,9 +271,9 @@ def test_collapse_regimes_config_cells_are_the_figure_grid(small):
     ]
     assert len(runs) == len(set(runs)) == len(jobs)
     assert set(runs) == set(jobs)
-    assert len(runs) == (441 if not small else 24)
+    assert len(runs) == (120 if not small else 36)
     if not small:
-        assert "ppo_tis" in {r for r, *_ in runs}
+        assert "tis" in {r for r, *_ in runs}  # decoupled PPO × TIS
 
 
 def test_collapse_regimes_config_cell_is_the_figure_run():
@@ -302,15 +304,18 @@ def test_sub_grids_are_a_union_in_first_appearance_order(tmp_path):
             grids=[{"lr": [0.05, 0.1], "minibatches": [4]}, {"minibatches": [1, 4], "lr": [0.1]}],
         )
     )
-    assert cfg.schedules() == [(0, 0.05, 4), (0, 0.1, 4), (1, 0.05, 4), (1, 0.1, 4),
-                               (0, 0.1, 1), (1, 0.1, 1)]  # fmt: skip
+    assert cfg.schedules() == [(0, 0.05, 4, 0), (0, 0.1, 4, 0), (1, 0.05, 4, 0), (1, 0.1, 4, 0),
+                               (0, 0.1, 1, 0), (1, 0.1, 1, 0)]  # fmt: skip
     assert len(C.expand(cfg)) == 6 * 2  # 2 estimators
     path = tmp_path / "g.toml"
     path.write_text(C.to_toml(cfg), "utf-8")
     assert "[[grids]]" in path.read_text("utf-8") and C.load_config(path) == cfg
     plain = C.config_from_dict(small(lag=[0, 1], lr=[0.05, 0.1]))
-    assert plain.schedules() == [(lag, lr, N) for lag in (0, 1) for lr in (0.05, 0.1)
+    assert plain.schedules() == [(lag, lr, N, 0) for lag in (0, 1) for lr in (0.05, 0.1)
                                  for N in (1, 4)]  # fmt: skip
+    lagged = C.config_from_dict(small(lag_updates=[0, 3], minibatches=[4]))
+    assert lagged.schedules() == [(0, lr, 4, L) for L in (0, 3) for lr in lagged.lr]
+    assert {c.columns["lag_updates"] for c in lagged.cells()} == {0, 3}
     assert "grids" not in plain.to_dict()
     with pytest.raises(C.ConfigError, match=r"grids\[0\]\.steps"):
         C.config_from_dict(small(grids=[{"steps": 3}]))
@@ -383,10 +388,10 @@ def test_cli_recipe_ppo_tis_trains_the_composed_recipe(tmp_path, capsys):
     est = recipe("ppo_tis", 8)
     cfg = TrainConfig(est, steps=12, batch=32, minibatches=4, lag=2, lr=0.3)
     direct = train(env, cfg, seed=3)
-    assert whole["estimator"].iloc[0] == "dec. PPO + TIS"
+    assert whole["estimator"].iloc[0] == "dual-clip PPO × TIS"
     for col in ("J", "kl_seq_old_mu", "grad_norm", "zero_frac"):
         assert whole[col].tolist() == direct[col].tolist()
-    assert "dec. PPO + TIS: N = 4" in capsys.readouterr().out
+    assert "dual-clip PPO × TIS: N = 4" in capsys.readouterr().out
 
 
 def test_cli_config_form(tmp_path, capsys):

@@ -1,21 +1,22 @@
 """Where training collapses: final J over staleness N × sequence length T, per recipe.
 
 A map of the staleness experiment (:mod:`simkit.figures.staleness_curves`) over two axes:
-the staleness N (rollout batch of N mini-batches updated in sequence) and the sequence length
-T, for each paper recipe (:mod:`simkit.train.recipes`). Sequence-level weights multiply T
-token ratios, so their variance grows with T (like (1+χ²)^T) while token-level corrections
-carry a bias that grows with T (rl-collapse); the map shows where each recipe still learns.
+the staleness N (rollout batch of N mini-batches updated in sequence, **zero lag**: the policy
+age of mini-batch j is j) and the sequence length T, for each paper recipe
+(:mod:`simkit.train.recipes`, with its mode) and the uncorrected loss (``naive``, the positive
+control). Sequence-level weights multiply T token ratios, so their variance grows with T (like
+(1+χ²)^T) while token-level corrections carry a bias that grows with T (rl-collapse); the map
+shows where each recipe still learns.
 
-Setting (full size): ``TokenMDP.answer_correct(V = 32, T ∈ {16, 64, 256})`` (R = 1 iff the last
+Setting (full size): ``TokenMDP.answer_correct(V = 16, T ∈ {16, 64})`` (R = 1 iff the last
 token is the answer: the task is equally hard at every T, and the T − 2 earlier positions only
-add off-policy noise to the sequence ratio), N ∈ {1, 4, 16, 64}, asynchronous lag 8, Adam
-(lr 0.3, gradient norm clipped to 1: the regime where ``collapse_regimes`` separates the
-recipes), 32 sequences per update, 150 steps (on-policy, N = 1, J reaches ≈ 0.95 of
-J* by then: a fixed budget, so that a recipe slowed down by staleness shows), exact J every 5,
-seeds 0 and 1. The value
-of a cell is the **normalised final gain** (J_final − J(π₀)) / (J* − J(π₀)) (1 = optimal,
-0 = no progress, < 0 = worse than the start), mean over seeds; a cross marks a cell where a
-run collapsed (lost more than half of its best gain).
+add off-policy noise to the sequence ratio), tied parameters, N ∈ {4, 16}, no lag, Adam (lr
+0.3, gradient norm clipped to 1), 16 sequences per update, 150 steps (a fixed budget, so that a
+recipe slowed down by staleness shows), exact J every 15, seeds 0–7. The value of a cell is
+the **normalised final gain** (J_final − J(π₀)) / (J* − J(π₀)) (1 = optimal, 0 = no progress,
+< 0 = worse than the start), mean over seeds; ``×`` marks a cell where a run collapsed,
+``s`` a cell where most runs stalled (never reached half of the achievable gain: such a
+recipe is never called stable).
 
 The grid is ``configs/train_collapse_map.toml`` (:func:`sweep_config`).
 """
@@ -24,21 +25,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 
 from simkit.config import TrainSweepConfig
-from simkit.figures import _common, staleness_curves
+from simkit.figures import staleness_curves
 from simkit.figures.staleness_curves import (
-    PAPER_COLLAPSING,
-    PAPER_STABLE,
+    claim_verdict,
+    environment_dict,
     environment_note,
+    ordering,
     run_grid,
     schedule_note,
     split_grid,
+    training_sweep,
 )
 from simkit.train.analysis import (
     COLLAPSE_FRACTION,
+    STALL_GAIN,
     TAIL_FRACTION,
     normalized_gain,
     optimal_J,
@@ -49,12 +52,13 @@ from simkit.train.recipes import recipe_label
 NAME = "collapse_map"
 TITLE = "Final J over staleness N × length T, per recipe"
 CAPTION = (
-    "normalised final gain (J_final − J₀)/(J* − J₀) of each recipe (GRPO, GSPO, SAPO, VESPO, "
-    "token-TIS, seq-MIS) after 150 Adam steps (lr 0.3, asynchronous lag 8) on a token MDP "
-    "(answer_correct, V = 32) over "
-    "the staleness N (rows) and the sequence length T (columns), mean of 2 seeds; × marks a "
-    "cell where a run collapsed (lost more than half of its best gain). The notes give the "
-    "ranking in the hardest cell and the comparison with VESPO's claim, as measured."
+    "normalised final gain (J_final − J₀)/(J* − J₀) of each recipe (GRPO, VESPO, seq-MIS in "
+    "bypass mode, token-TIS as decoupled PPO × TIS) and of the uncorrected naive loss (the "
+    "positive control) after 150 Adam steps (lr 0.3, no lag: policy age of mini-batch j = j) "
+    "on a token MDP (answer_correct, V = 16, tied parameters) over the staleness N (rows) and "
+    "the sequence length T (columns), mean of 8 seeds; × marks a cell where a run collapsed, "
+    "s a cell where most runs stalled. The notes give the ordering in the hardest cell (± SE, "
+    "ties within 2 SE) and VESPO's claim there, judged only where the control collapsed."
 )
 
 
@@ -64,21 +68,22 @@ class Config:
     and seeds (as :class:`simkit.figures.staleness_curves.Config`)."""
 
     constructor: str = "answer_correct"
-    V: int = 32
-    T: tuple[int, ...] = (16, 64, 256)
+    V: int = 16
+    T: tuple[int, ...] = (16, 64)
     env_kwargs: tuple = ()
     scale: float = 1.0
     env_seed: int = 0
-    recipes: tuple[str, ...] = ("grpo", "gspo", "sapo", "vespo", "tis", "mis")
-    staleness: tuple[int, ...] = (1, 4, 16, 64)
-    minibatch_size: int = 32
+    parameterization: str = "tied"
+    recipes: tuple[str, ...] = ("grpo", "vespo", "tis", "mis", "naive")
+    staleness: tuple[int, ...] = (4, 16)
+    lag_updates: int = 0
+    minibatch_size: int = 16
     group_size: int = 8
-    lag: int = 8
     steps: int = 150
     lr: float = 0.3
     max_grad_norm: float | None = 1.0
-    record_every: int = 5
-    seeds: tuple[int, ...] = (0, 1)
+    record_every: int = 15
+    seeds: tuple[int, ...] = tuple(range(8))
 
     def __post_init__(self):
         staleness_curves.check_grid(
@@ -91,12 +96,12 @@ def config(small: bool = False) -> Config:
         return Config(
             V=6,
             T=(4, 10),
-            recipes=("grpo", "vespo"),
+            parameterization="tabular",
+            recipes=("grpo", "vespo", "naive"),
             staleness=(1, 4),
             minibatch_size=16,
             steps=24,
             lr=0.05,
-            lag=0,
             record_every=4,
             seeds=(0,),
         )
@@ -104,24 +109,39 @@ def config(small: bool = False) -> Config:
 
 
 def sweep_config(cfg: Config) -> TrainSweepConfig:
-    """The training sweep of the figure (``configs/train_collapse_map.toml`` at full size): the
-    grid of :func:`simkit.figures.staleness_curves.sweep_config` with T swept too."""
-    return staleness_curves.sweep_config(cfg, name=NAME)
+    """The training sweep of the figure (``configs/train_collapse_map.toml`` at full size):
+    recipes × N × T × seeds at the lag ``cfg.lag_updates`` (optimizer updates)."""
+    tables = {}
+    if cfg.parameterization != "tabular":
+        tables["parameterization"] = cfg.parameterization
+    return training_sweep(
+        cfg,
+        NAME,
+        minibatches=list(cfg.staleness),
+        lr=cfg.lr,
+        lag_updates=[cfg.lag_updates],
+        environment=environment_dict(cfg),
+        **tables,
+    )
 
 
 def cell_grid(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per (recipe, N, T): mean ± SE over seeds of the normalised gain and of J_final, and
-    the number of collapsed runs (:func:`simkit.figures.staleness_curves.seed_means`)."""
+    """Per (recipe, N, T): mean ± SE over seeds of the normalised gain and of J_final, the
+    number of collapsed runs and of ``collapse`` / ``stall`` labels
+    (:func:`simkit.figures.staleness_curves.seed_means`)."""
     return staleness_curves.seed_means(runs, ["recipe", "N", "T"], ("gain",), ("J_final",))
 
 
-def paper_verdict(grid: pd.DataFrame) -> list[str]:
-    """Lines: ranking in the hardest cell, collapsed cells, VESPO's claim as measured."""
+def paper_verdict(grid: pd.DataFrame, runs: pd.DataFrame | None = None) -> list[str]:
+    """Lines: the ordering in the hardest cell (± SE, ties within 2 SE), the lowest cell per
+    recipe, the cells with a collapsed run and those where most runs stalled, and (given the
+    per-run ``runs``) VESPO's claim in the hardest cell
+    (:func:`simkit.figures.staleness_curves.claim_verdict`: judged only where the control
+    collapsed)."""
     N_max, T_max = int(grid["N"].max()), int(grid["T"].max())
-    rank = staleness_curves.ranking(
-        grid[(grid["N"] == N_max) & (grid["T"] == T_max)], "gain", digits=2
-    )
-    lines = [f"Normalised final gain at N = {N_max}, T = {T_max} (mean ± SE): {rank}."]
+    hard = grid[(grid["N"] == N_max) & (grid["T"] == T_max)]
+    lines = [f"Normalised final gain at N = {N_max}, T = {T_max} (mean ± SE): "
+             f"{ordering(hard, 'gain', digits=2)}."]  # fmt: skip
     worst = grid.loc[grid.groupby("recipe", sort=False)["gain"].idxmin()]
     lines.append(
         "Lowest cell per recipe: "
@@ -147,24 +167,23 @@ def paper_verdict(grid: pd.DataFrame) -> list[str]:
         lines.append(
             f"No run collapsed (none lost more than {COLLAPSE_FRACTION:.0%} of its best gain)."
         )
-    present = set(grid["recipe"])
-    others = [r for r in PAPER_COLLAPSING if r in present]
-    if PAPER_STABLE in present and others:
-        stable = grid[grid["recipe"] == PAPER_STABLE]["collapsed"].sum() == 0
-        at_max = grid[grid["N"] == N_max]
-        collapsing = {r: bool(at_max[at_max["recipe"] == r]["collapsed"].sum() > 0) for r in others}
-        reproduced = bool(stable and all(collapsing.values()))
+    if "stall" in grid:
+        stalled = grid[2 * grid["stall"] > grid["runs"]]
         lines.append(
-            f"VESPO's claim (stable at N = 64 while {', '.join(map(recipe_label, others))} "
-            "collapse): "
-            + ("REPRODUCED" if reproduced else "NOT reproduced")
-            + f" on this map — VESPO {'never collapsed' if stable else 'collapsed'}; "
-            + "; ".join(
-                f"{recipe_label(r)} {'collapsed' if c else 'did not collapse'} at N = {N_max}"
-                for r, c in collapsing.items()
+            f"Cells where most runs stalled (never reached {STALL_GAIN:.0%} of the achievable "
+            "gain: neither stable nor collapsed): "
+            + (
+                "; ".join(
+                    f"{recipe_label(r)} (N = {n}, T = {t})"
+                    for r, n, t in zip(stalled["recipe"], stalled["N"], stalled["T"], strict=True)
+                )
+                or "none"
             )
             + "."
         )
+    if runs is not None:
+        part = runs[(runs["N"] == N_max) & (runs["T"] == T_max)]
+        lines.append(claim_verdict(part, f"N = {N_max}, T = {T_max}"))
     return lines
 
 
@@ -189,7 +208,7 @@ def compute(cfg: Config, workers: int | None = None) -> Data:
     envs = {T: sweep.environment.build(T) for T in cfg.T}
     J_star = {T: optimal_J(env) for T, env in envs.items()}
     J_start = {T: env.J() for T, env in envs.items()}
-    runs = run_summary(table, ["recipe", "N", "T", "seed"])
+    runs = run_summary(table.assign(J_star=table["T"].map(J_star)), ["recipe", "N", "T", "seed"])
     runs["J_star"] = runs["T"].map(J_star)
     runs["gain"] = normalized_gain(runs["J_final"], runs["J_start"], runs["J_star"])
     grid = cell_grid(runs)
@@ -198,9 +217,11 @@ def compute(cfg: Config, workers: int | None = None) -> Data:
         schedule_note(sweep),
         "Cell value: normalised final gain (J_final − J(π₀)) / (J* − J(π₀)), J_final = mean "
         f"exact J over the last {TAIL_FRACTION:.0%} of the steps; × = a run lost more than "
-        f"{COLLAPSE_FRACTION:.0%} of its best gain.",
+        f"{COLLAPSE_FRACTION:.0%} of its best gain after reaching {STALL_GAIN:.0%} of the "
+        "achievable gain; s = most runs stalled (never reached it).",
+        staleness_curves.age_note(table, ["N"]),
         staleness_curves.drift_note(runs, lambda row: f"at N = {row['N']}, T = {row['T']}"),
-        *paper_verdict(grid),
+        *paper_verdict(grid, runs),
     )
     return Data(
         config=cfg,
@@ -220,19 +241,26 @@ def draw(data: Data):
     fig, panels, axes, _ = split_grid(len(recipes), data.notes, (2.3, 2.0), (0.9, 0.4))
     image = None
     for ax, r in zip(axes, recipes, strict=False):
-        part = data.grid[data.grid["recipe"] == r].set_index(["N", "T"])
-        values = np.array([[part.loc[(N, T), "gain"] for T in Ts] for N in Ns], dtype=float)
-        collapsed = [[part.loc[(N, T), "collapsed"] > 0 for T in Ts] for N in Ns]
-        image = _common.annotated_heatmap(
+        part = data.grid[data.grid["recipe"] == r]
+
+        def text(cell):
+            stalled = "stall" in cell and 2 * cell["stall"] > cell["runs"]  # none without labels
+            return (
+                f"{cell['gain']:.2f}"
+                + (" ×" if cell["collapsed"] > 0 else "")
+                + (" s" if stalled else "")
+            )
+
+        image = staleness_curves.grid_panel(
             ax,
-            values,
-            [
-                [f"{v:.2f}" + (" ×" if c else "") for v, c in zip(vs, cs, strict=True)]
-                for vs, cs in zip(values, collapsed, strict=True)
-            ],
-            [["white" if v < 0.55 else "black" for v in vs] for vs in values],
-            [str(T) for T in Ts],
-            [str(N) for N in Ns],
+            part,
+            Ns,
+            Ts,
+            "N",
+            "T",
+            lambda cell: cell["gain"],
+            text,
+            lambda cell: "white" if cell["gain"] < 0.55 else "black",
             cmap="viridis",
             vmin=0.0,
             vmax=1.0,
@@ -240,12 +268,13 @@ def draw(data: Data):
         )
         ax.set_xlabel("sequence length T")
         ax.set_ylabel("staleness N")
-        ax.set_title(recipe_label(r), fontsize=8)
+        ax.set_title(recipe_label(r), fontsize=7)
     if image is not None:
         panels.colorbar(image, ax=list(axes[: len(recipes)]), shrink=0.8, label="normalised gain")
     panels.suptitle(
         f"Final J over (N, T): {data.config.constructor} (V = {data.config.V}), "
-        f"{data.config.steps} steps, mean of {len(data.config.seeds)} seed(s); × collapse",
+        f"{data.config.steps} steps, mean of {len(data.config.seeds)} seed(s); × collapse, "
+        "s most stalled",
         fontsize=8,
     )
     return fig

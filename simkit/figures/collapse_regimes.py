@@ -1,25 +1,24 @@
 """Regime map of training failures: the failure label per recipe over (lr × lag) and (N × lag).
 
-The published grids (lag 0, lr 0.03) never drift far from on-policy (KL_seq(π‖μ) ≲ 5 nats) and
-no recipe fails there; with asynchronous lag, many mini-batches and a large step the recipes do
-separate (issue 16: GRPO collapses at lag 8, N = 16, Adam lr 0.3 while dual clip does not). This
-figure maps where: for each recipe (GRPO, GSPO, SAPO, VESPO, token-TIS, seq-MIS and — when
-composed estimators are available — decoupled PPO × token TIS on π/π_old × π_old/μ) and each
-cell of two grids, the **failure label** of :func:`simkit.train.analysis.failure_label`
-(collapse, premature determinism, length blow-up, stall, divergence explosion, ok) of 3 seeds
-(the most frequent label, ties to the more severe), and the largest KL_seq(π‖μ) the runs
-reached (the drift).
+With asynchronous lag, many mini-batches and a large step the recipes separate (issue 16: GRPO
+collapses at a long lag, N = 16, Adam lr 0.3 while dual clip does not). This figure maps where:
+for each recipe (GRPO, VESPO, seq-MIS in bypass mode; token-TIS as decoupled PPO × TIS; the
+uncorrected naive loss as the positive control) and each cell of two grids, the **failure
+label** of :func:`simkit.train.analysis.failure_label` (collapse, premature determinism,
+length blow-up, stall, ok) of 4 seeds (the most frequent label, ties to the more severe), the
+number of runs flagged ``drift`` (KL_seq(π‖μ) > 10 nats: a flag, not a failure) and the
+largest KL_seq reached. The lag L is counted in **optimizer updates** (``lag_updates``):
+rollout r is sampled from θ_{max(rN − L, 0)}, so lag and staleness are separate axes.
 
 Setting (full size): ``TokenMDP.at_least_k(V = 16, T = 32, k = 6)`` (J(π₀) ≈ 0.0034, J* = 1),
 tabular policy, GRPO group advantage (G = 8), mini-batches of 16 sequences (rollout batch
-N·16), Adam with gradient norm clipped to 1, 300 steps, exact J every 10 steps, seeds 0, 1, 2.
-Grid A: lr ∈ {0.01, 0.03, 0.1, 0.3} × lag ∈ {0, 2, 8} at N = 16; grid B: N ∈ {1, 4, 16, 64}
-× lag at lr 0.3. The runs are direct :func:`simkit.train.train` calls (a seed fixes every
-random stream: all recipes see the same first rollout), on a process pool for large grids; the
-same grid is the training sweep :func:`sweep_config` (``configs/train_collapse_regimes.toml``,
-whose every cell is the run of :func:`_run`).
-Cost: ``benchmarks/bench_train.py`` measures the steps/s of a cell and estimates the full grid
-(about 7 × 21 × 3 = 441 runs) on 2 cores.
+N·16), Adam with gradient norm clipped to 1, 300 steps, exact J every 20 steps, seeds 0–3.
+Grid A: lr ∈ {0.03, 0.3} × L ∈ {0, 128} at N = 16; grid B: N ∈ {4, 16} × L at lr 0.3. With 4
+seeds the figure claims no ordering (its notes print the mean gains with ± SE and say so); it
+maps labels. The runs are direct :func:`simkit.train.train` calls (a seed fixes every random
+stream: all recipes see the same first rollout), on a process pool for large grids; the same
+grid is the training sweep :func:`sweep_config` (``configs/train_collapse_regimes.toml``, whose
+every cell is the run of :func:`_run`).
 """
 
 from __future__ import annotations
@@ -27,13 +26,20 @@ from __future__ import annotations
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 
 from simkit.config import TrainSweepConfig
 from simkit.envs.token_mdp import TokenMDP
-from simkit.figures import _common
-from simkit.figures.staleness_curves import pool_size, split_figure, training_sweep
+from simkit.figures.staleness_curves import (
+    CONTROL,
+    MIN_SEEDS,
+    grid_panel,
+    ordering,
+    pool_size,
+    seed_means,
+    split_figure,
+    training_sweep,
+)
 from simkit.train import TrainConfig, train
 from simkit.train.analysis import (
     COLLAPSE_FRACTION,
@@ -56,13 +62,14 @@ from simkit.train.recipes import (
 NAME = "collapse_regimes"
 TITLE = "Where training fails: failure label per recipe over (lr × lag) and (N × lag)"
 CAPTION = (
-    "failure label (collapse, premature determinism, length blow-up, stall, divergence "
-    "explosion, ok; most frequent of 3 seeds) of each recipe (GRPO, GSPO, SAPO, VESPO, "
-    "token-TIS, seq-MIS, decoupled PPO × TIS when available) after 300 Adam steps on a token "
-    "MDP (at_least_k, V = 16, T = 32, k = 6), over learning rate × asynchronous lag at N = 16 "
-    "mini-batches (left) and N × lag at lr 0.3 (right); each cell also gives the largest "
-    "KL_seq(π‖μ) reached. The notes give the regime where recipes separate and the ordering, "
-    "as measured."
+    "failure label (collapse, premature determinism, length blow-up, stall, ok; most frequent "
+    "of 4 seeds) of each recipe (GRPO, VESPO, seq-MIS in bypass mode, token-TIS as decoupled "
+    "PPO × TIS, and the uncorrected naive loss as the positive control) after 300 Adam steps "
+    "on a token MDP (at_least_k, V = 16, T = 32, k = 6), over learning rate × lag L (in "
+    "optimizer updates) at N = 16 mini-batches (left) and N × L at lr 0.3 (right); each cell "
+    "also gives the runs flagged drift (KL_seq > 10 nats, not a failure) and the largest "
+    "KL_seq(π‖μ) reached. The notes give where recipes separate, the control's collapse count "
+    "per cell and the mean gains ± SE (4 seeds: no ordering claimed)."
 )
 
 #: colour of each failure label
@@ -71,7 +78,6 @@ LABEL_COLORS = {
     "determinism": "#762a83",
     "length": "#e08214",
     "stall": "#999999",
-    "divergence": "#fdb863",
     "ok": "#4d9221",
 }
 #: short cell text of each label
@@ -80,7 +86,6 @@ LABEL_SHORT = {
     "determinism": "det",
     "length": "len",
     "stall": "stall",
-    "divergence": "div",
     "ok": "ok",
 }
 
@@ -90,28 +95,29 @@ class Config:
     """Environment (``at_least_k`` sizes, ``env_seed``), ``recipes`` (keys of
     :data:`~simkit.train.recipes.RECIPES` or :data:`~simkit.train.recipes.COMPOSED_RECIPES`;
     composed ones are dropped, with a note, when composed estimators are unavailable), the grids
-    (``lrs`` × ``lags`` at ``N_fixed``; ``Ns`` × ``lags`` at ``lr_fixed``), the schedule and
+    (``lrs`` × ``lags`` at ``N_fixed``; ``Ns`` × ``lags`` at ``lr_fixed``; ``lags`` are L in
+    optimizer updates, the table's ``lag`` column), the schedule and
     the ``seeds``."""
 
     V: int = 16
     T: int = 32
     k: int = 6
     env_seed: int = 0
-    recipes: tuple[str, ...] = ("grpo", "gspo", "sapo", "vespo", "tis", "mis", "ppo_tis")
-    lrs: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3)
-    lags: tuple[int, ...] = (0, 2, 8)
-    Ns: tuple[int, ...] = (1, 4, 16, 64)
+    recipes: tuple[str, ...] = ("grpo", "vespo", "tis", "mis", "naive")
+    lrs: tuple[float, ...] = (0.03, 0.3)
+    lags: tuple[int, ...] = (0, 128)
+    Ns: tuple[int, ...] = (4, 16)
     N_fixed: int = 16
     lr_fixed: float = 0.3
     minibatch_size: int = 16
     group_size: int = 8
     steps: int = 300
     max_grad_norm: float | None = 1.0
-    record_every: int = 10
-    seeds: tuple[int, ...] = (0, 1, 2)
+    record_every: int = 20
+    seeds: tuple[int, ...] = (0, 1, 2, 3)
 
     def __post_init__(self):
-        known = {*RECIPES, *COMPOSED_RECIPES}
+        known = set(RECIPES)
         unknown = [r for r in self.recipes if r not in known]
         if unknown:
             raise ValueError(f"unknown recipe(s) {unknown}; available: {', '.join(known)}")
@@ -131,7 +137,7 @@ def config(small: bool = False) -> Config:
             V=6,
             T=8,
             k=3,
-            recipes=("grpo", "vespo"),
+            recipes=("grpo", "vespo", "naive"),
             lrs=(0.1, 0.3),
             lags=(0, 4),
             Ns=(1, 4),
@@ -159,7 +165,7 @@ def sweep_config(cfg: Config) -> TrainSweepConfig:
         NAME,
         usable_recipes(cfg),
         minibatches=list(cfg.Ns),
-        lag=list(cfg.lags),
+        lag_updates=list(cfg.lags),
         lr=list(cfg.lrs),
         environment={
             "kind": "token_mdp",
@@ -170,8 +176,8 @@ def sweep_config(cfg: Config) -> TrainSweepConfig:
             "kwargs": {"k": cfg.k},
         },
         grids=[
-            {"lr": list(cfg.lrs), "lag": list(cfg.lags), "minibatches": [cfg.N_fixed]},
-            {"minibatches": list(cfg.Ns), "lag": list(cfg.lags), "lr": [cfg.lr_fixed]},
+            {"lr": list(cfg.lrs), "lag_updates": list(cfg.lags), "minibatches": [cfg.N_fixed]},
+            {"minibatches": list(cfg.Ns), "lag_updates": list(cfg.lags), "lr": [cfg.lr_fixed]},
         ],
     )
 
@@ -197,7 +203,7 @@ def _run(args) -> pd.DataFrame:
         steps=cfg.steps,
         batch=N * cfg.minibatch_size,
         minibatches=N,
-        lag=lag,
+        lag_updates=lag,
         lr=lr,
         max_grad_norm=cfg.max_grad_norm,
         record_every=cfg.record_every,
@@ -250,6 +256,7 @@ def cell_grid(runs: pd.DataFrame) -> pd.DataFrame:
             gain=float(g["gain"].mean()),
             J_final=float(g["J_final"].mean()),
             kl_seq_max=float(g["kl_seq_max"].max()),
+            drift=int(g["drift"].sum()),
         )
         row.update({f"n_{lab}": int((g["failure"] == lab).sum()) for lab in FAILURE_LABELS})
         rows.append(row)
@@ -257,12 +264,13 @@ def cell_grid(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _fmt_cell(row) -> str:
-    return f"N = {row.N}, lag {row.lag}, lr {row.lr:g}"
+    return f"N = {row.N}, L = {row.lag}, lr {row.lr:g}"
 
 
-def verdict(grid: pd.DataFrame, cfg: Config) -> list[str]:
-    """Lines, from the measurements: failures per recipe, where recipes separate, the drift,
-    the ordering and VESPO's claim."""
+def verdict(grid: pd.DataFrame, cfg: Config, runs: pd.DataFrame | None = None) -> list[str]:
+    """Lines, from the measurements: failures per recipe, where recipes separate, the drift
+    and the drift flags, and (given the per-run ``runs``) the mean gains ± SE (ties within
+    2 SE; not claimed under 8 seeds) and the positive control's collapses per cell."""
     lines = []
     per = []
     for r in dict.fromkeys(grid["recipe"]):
@@ -284,7 +292,7 @@ def verdict(grid: pd.DataFrame, cfg: Config) -> list[str]:
         for N, lag, lr in sorted(sep.index, key=lambda c: -drift[c]):  # most drift first
             c = grid[(grid.N == N) & (grid.lag == lag) & (grid.lr == lr)]
             parts.append(
-                f"N = {N}, lag {lag}, lr {lr:g} ("
+                f"N = {N}, L = {lag}, lr {lr:g} ("
                 + ", ".join(
                     f"{recipe_label(r)} {lab}" for r, lab in zip(c.recipe, c.label, strict=True)
                 )
@@ -305,26 +313,31 @@ def verdict(grid: pd.DataFrame, cfg: Config) -> list[str]:
         f"({_fmt_cell(grid.loc[grid.kl_seq_max.idxmax()])}); {len(calm)} of {len(grid)} "
         f"recipe cells stay ≤ {KL_SEQ_EXPLOSION:g} nats."
     )
-    mean_gain = grid.groupby("recipe", sort=False)["gain"].mean().sort_values(ascending=False)
-    lines.append(
-        "Mean normalised final gain over all cells (higher is better): "
-        + " > ".join(f"{recipe_label(r)} {g:.2f}" for r, g in mean_gain.items())
-        + "."
-    )
-    present = set(grid["recipe"])
-    others = [r for r in ("grpo", "gspo", "sapo") if r in present]
-    if "vespo" in present and others:
-        v = grid[grid.recipe == "vespo"]
-        v_col = int(v["n_collapse"].sum())
-        col = {r: int(grid[grid.recipe == r]["n_collapse"].sum()) for r in others}
-        reproduced = v_col == 0 and all(c > 0 for c in col.values())
+    lines.append(f"Runs flagged drift (not a failure): {int(grid['drift'].sum())} of "
+                 f"{int(grid['runs'].sum())}.")  # fmt: skip
+    if runs is not None:
+        per_seed = runs.groupby(["recipe", "seed"], sort=False)["gain"].mean().reset_index()
+        gains = seed_means(per_seed.assign(collapsed=False), ["recipe"], ("gain",))
         lines.append(
-            "VESPO's claim (stable while GRPO, GSPO, SAPO collapse): "
-            + ("REPRODUCED" if reproduced else "NOT reproduced")
-            + f" on this map — VESPO collapsed in {v_col} run(s); "
-            + "; ".join(f"{recipe_label(r)} in {c}" for r, c in col.items())
-            + "."
+            "Mean normalised final gain over all cells (mean ± SE over seeds of each seed's "
+            "mean): " + ordering(gains, "gain", digits=2) + "."
         )
+        if CONTROL in set(runs["recipe"]):
+            parts = []
+            for (N, lag, lr), g in runs.groupby(["N", "lag", "lr"], sort=True):
+                c = int(((g["recipe"] == CONTROL) & (g["failure"] == "collapse")).sum())
+                parts.append(f"{c}/{int((g['recipe'] == CONTROL).sum())} at N = {N}, L = {lag}, "
+                             f"lr {lr:g}")  # fmt: skip
+            lines.append(
+                f"Positive control ({recipe_label(CONTROL)}, uncorrected) collapses per cell: "
+                + "; ".join(parts)
+                + f". A claim needs the control collapsed in ≥ 75 % of ≥ {MIN_SEEDS} seeds; "
+                "this map judges none (it has fewer seeds)."
+                if len(cfg.seeds) < MIN_SEEDS
+                else f"Positive control ({recipe_label(CONTROL)}) collapses per cell: "
+                + "; ".join(parts)
+                + "."
+            )
     return lines
 
 
@@ -359,13 +372,17 @@ def compute(cfg: Config, workers: int | None = None) -> Data:
         f"{cfg.minibatch_size} sequences (rollout batch N·{cfg.minibatch_size}), GRPO groups of "
         f"{cfg.group_size}, {cfg.steps} steps, exact J every {cfg.record_every}; seeds "
         + ", ".join(map(str, cfg.seeds))
-        + f". Left: lr × lag at N = {cfg.N_fixed}; right: N × lag at lr {cfg.lr_fixed:g}.",
-        f"Labels: collapse = lost > {COLLAPSE_FRACTION:.0%} of the best gain; det = entropy "
-        f"< {DETERMINISM_ENTROPY:.0%} of the initial with normalised gain < {STALL_GAIN:g}; "
-        f"len = E|y| > {LENGTH_BLOWUP:g}× initial; stall = gain < {STALL_GAIN:g}; div = "
-        f"KL_seq(π‖μ) > {KL_SEQ_EXPLOSION:g} nats with J fine; cell = most frequent of the "
-        "seeds (count shown), KL = largest KL_seq reached.",
-        *verdict(grid, cfg),
+        + f". Left: lr × lag L (optimizer updates) at N = {cfg.N_fixed}; right: N × L at lr "
+        f"{cfg.lr_fixed:g}. Rollout r is sampled from θ_max(rN − L, 0): policy age L + j once "
+        "rN ≥ L (j the mini-batch), j at L = 0.",
+        f"Labels: collapse = reached {STALL_GAIN:.0%} of the achievable gain, then lost > "
+        f"{COLLAPSE_FRACTION:.0%} of the best gain; det = entropy < {DETERMINISM_ENTROPY:.0%} "
+        f"of the initial with normalised final gain < {STALL_GAIN:g}; len = E|y| > "
+        f"{LENGTH_BLOWUP:g}× initial; stall = never reached {STALL_GAIN:.0%} of the achievable "
+        f"gain; cell = most frequent of the seeds (count shown), d = runs flagged drift "
+        f"(KL_seq(π‖μ) > {KL_SEQ_EXPLOSION:g} nats: a flag, not a failure), KL = largest "
+        "KL_seq reached.",
+        *verdict(grid, cfg, runs),
     ]
     if dropped:
         notes.append(
@@ -389,30 +406,25 @@ def _panel(ax, part: pd.DataFrame, rows, cols, row_key, col_key, fmt_row):
     from matplotlib.colors import ListedColormap
 
     labels = list(FAILURE_LABELS)
-    cmap = ListedColormap([LABEL_COLORS[lab] for lab in labels])
-    index = part.set_index([row_key, col_key])
-    cells = [[index.loc[(rv, cv)] for cv in cols] for rv in rows]
-    _common.annotated_heatmap(
+    grid_panel(
         ax,
-        np.array([[labels.index(c["label"]) for c in line] for line in cells], dtype=float),
-        [
-            [
-                f"{LABEL_SHORT[c['label']]} {c['count']}/{c['runs']}\nKL {c['kl_seq_max']:.2g}"
-                for c in line
-            ]
-            for line in cells
-        ],
-        [
-            ["white" if c["label"] in ("collapse", "determinism") else "black" for c in line]
-            for line in cells
-        ],
-        [str(c) for c in cols],
-        [fmt_row(r) for r in rows],
-        cmap=cmap,
+        part,
+        rows,
+        cols,
+        row_key,
+        col_key,
+        lambda c: labels.index(c["label"]),
+        lambda c: (
+            f"{LABEL_SHORT[c['label']]} {c['count']}/{c['runs']}\n"
+            f"d{c['drift']} KL {c['kl_seq_max']:.2g}"
+        ),
+        lambda c: "white" if c["label"] in ("collapse", "determinism") else "black",
+        cmap=ListedColormap([LABEL_COLORS[lab] for lab in labels]),
         vmin=-0.5,
         vmax=len(labels) - 0.5,
         fontsize=4.8,
         tick_fontsize=5.5,
+        row_format=fmt_row,
     )
 
 
@@ -436,7 +448,7 @@ def draw(data: Data):
     axes[0, 0].set_title(f"lr × lag (N = {cfg.N_fixed})", fontsize=7)
     axes[0, 1].set_title(f"N × lag (lr {cfg.lr_fixed:g})", fontsize=7)
     for ax in axes[-1]:
-        ax.set_xlabel("lag (policy versions)", fontsize=6.5)
+        ax.set_xlabel("lag L (optimizer updates)", fontsize=6.5)
     handles = [Patch(color=LABEL_COLORS[lab], label=lab) for lab in FAILURE_LABELS]
     panels.legend(handles=handles, loc="outside right center", fontsize=6, title="label")
     panels.suptitle(

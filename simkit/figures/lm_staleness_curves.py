@@ -1,27 +1,28 @@
-"""Learning curves under staleness N with a real transformer: the tiny Llama beside the simulator.
+"""Learning curves under staleness N with a real transformer, beside its simulator twin.
 
-The simulator's ``staleness_curves`` (tabular policy on a token MDP, exact J) run on a real
-causal LM: :func:`simkit.lm.train.train_lm` trains the tiny Llama of
-:func:`simkit.lm.models.tiny_llama` on the verifiable token task of
-:class:`simkit.lm.tasks.TokenTask` (R = 1 iff the target token occurs in the response) with the
-same rollout schedule — a rollout batch of N mini-batches updated in sequence, μ lagged by
-``lag`` rollouts and served through an emulated inference engine (bf16 logits, temperature) —
-and the same recipes (:data:`simkit.train.recipes.RECIPES`: mapping × aggregation through
-:func:`simkit.lm.losses.policy_loss`, GRPO group advantage). J is estimated on held-out prompts
-with its standard error (sd/√n); the curves are the mean over seeds with a ±SE band (the SE of
-the seed mean of the per-seed estimates).
+:func:`simkit.lm.train.train_lm` trains the tiny Llama of :func:`simkit.lm.models.tiny_llama`
+on the verifiable token task of :class:`simkit.lm.tasks.TokenTask` (R = 1 iff the target
+token occurs in the T-token response) with the rollout schedule of :mod:`simkit.train` — a
+rollout batch of N mini-batches updated in sequence, μ lagged and served through an emulated
+inference engine (bf16 logits) — and the recipes of :data:`simkit.train.recipes.RECIPES`
+(mapping × aggregation × mode through :func:`simkit.lm.losses.policy_loss`, GRPO group
+advantage). Its J is **exact** at every evaluation step
+(:func:`simkit.lm.train.exact_presence_J`: every target-free response enumerated), so the
+curves carry no evaluation noise.
 
-Sizes (full): vocabulary 64, hidden 32, 1 layer, response length 3 (held-out J(π₀) ≈ 0.05),
-mini-batch of 16 responses (4 groups of 4), N ∈ {1, 8}, lag 2 rollouts, Adam lr 0.05, 96
-updates, J on 64 held-out responses every 8 steps, seeds 0–3; one torch thread. Measured:
-47 s for the full grid (48 runs) plus the simulator comparison, on the shared 2-core machine;
-the small size (``config(small=True)``) ≈ 6 s. ``benchmarks/lm_gpu.py`` (section 5, ``train``)
-times the same loop at ``--device cuda`` sizes.
+The **twin** is the simulator on the same task and schedule: ``TokenMDP.at_least_k(V, T,
+k = 1, hit = target)`` (the same vocabulary size, length and reward) with its target logit
+shifted so that J(π₀) equals the LM's mean exact J(π₀), ``features`` parameters sized to the
+LM's hidden size, the same N, the same lag in optimizer updates (the LM's lag of k rollouts is
+L = k·N updates), the same engine transform (bf16 logits), Adam with the same lr and gradient
+clipping, the same steps and at least 8 seeds on both sides. (The LM's prompts carry no task
+information — R depends on the response only —; the twin has one context.)
 
-The notes compare, from data, the measured final-J ordering at the largest N with the
-simulator's ordering at the same N: :func:`compute` runs :mod:`simkit.figures.staleness_curves`
-at its small size with this figure's recipes and N values and counts the recipe pairs that the
-two orderings rank the same way (pairs whose difference is within 2 SE in either count as ties).
+The notes print, at the largest N, each side's final-J ordering (± SE over seeds, ties within
+2 SE), **Kendall τ-b** between the two orderings with a bootstrap interval over seeds, the
+fraction of the pairs resolved on both sides (> 2 SE) that agree, and the same numbers for a
+**trivial predictor**: the LM's own on-policy ordering (N = 1), so that the reader sees what
+the simulator adds over "the ordering does not change with N".
 """
 
 from __future__ import annotations
@@ -35,47 +36,50 @@ import numpy as np
 import pandas as pd
 
 from simkit.figures import staleness_curves as sim_curves
-from simkit.train.recipes import RECIPES, recipe_label
+from simkit.train.analysis import TAIL_FRACTION
+from simkit.train.recipes import RECIPES, recipe, recipe_label
 
 NAME = "lm_staleness_curves"
-TITLE = "Learning curves under staleness N with a real transformer (tiny Llama)"
+TITLE = "Learning curves under staleness N with a real transformer (tiny Llama) and its twin"
 CAPTION = (
-    "held-out J (mean reward, ±SE band over seeds) against the optimizer step for the GRPO, "
-    "GSPO, SAPO, VESPO, token-TIS and seq-MIS recipes training the tiny Llama with "
-    "simkit.lm.train on a verifiable token task, one panel per staleness N (N mini-batches "
-    "per rollout, μ lagged and served in bf16 with a temperature). The notes state the sizes, "
-    "seeds, the measured ordering and where it agrees with the simulator's staleness_curves "
-    "ordering at the same N, as measured."
+    "exact J (mean over seeds, ±SE band) against the optimizer step for the GRPO, GSPO, SAPO, "
+    "VESPO (bypass) and token-TIS (decoupled PPO × TIS) recipes training the tiny Llama with "
+    "simkit.lm.train on a verifiable token task, one panel per staleness N (μ lagged and "
+    "served in bf16), and the simulator twin on the same task and schedule (dashed). The "
+    "notes give both orderings with ± SE, Kendall τ between them with a bootstrap interval, "
+    "the agreement of the pairs resolved on both sides, and the same for the trivial "
+    "predictor (the LM's on-policy ordering), as measured."
 )
+#: bootstrap resamples of the seeds for Kendall τ's interval
+BOOTSTRAP = 1000
 
 
 @dataclass(frozen=True)
 class Config:
     """Model (``vocab_size``, ``hidden_size``, ``num_layers``, ``init_std``), ``recipes``,
     ``staleness`` values N, the :class:`simkit.lm.train.LMTrainConfig` fields of the run
-    (``minibatch_size``, ``group_size``, ``lag``, ``lr``, ``steps``, ``response_length``,
-    ``precision``, ``temperature``, ``eval_every``, ``eval_samples``, ``n_prompts``) and
-    ``seeds``; ``compare``: also run the simulator's staleness_curves (small size) for the
-    agreement note."""
+    (``minibatch_size``, ``group_size``, ``lag`` in rollouts, ``lr``, ``max_grad_norm``,
+    ``steps``, ``response_length``, ``precision``, ``eval_every``, ``n_prompts``, ``target``)
+    and ``seeds`` (both sides); ``compare``: also run the simulator twin."""
 
-    vocab_size: int = 64
-    hidden_size: int = 32
+    vocab_size: int = 8
+    hidden_size: int = 16
     num_layers: int = 1
     init_std: float = 0.3
-    recipes: tuple[str, ...] = ("grpo", "gspo", "sapo", "vespo", "tis", "mis")
+    recipes: tuple[str, ...] = ("grpo", "gspo", "sapo", "vespo", "tis")
     staleness: tuple[int, ...] = (1, 8)
     minibatch_size: int = 16
     group_size: int = 4
-    lag: int = 2
-    lr: float = 0.05
-    steps: int = 96
+    lag: int = 1
+    lr: float = 0.03
+    max_grad_norm: float | None = 1.0
+    steps: int = 48
     response_length: int = 3
     precision: str | None = "bf16"
-    temperature: float = 0.9
     eval_every: int = 8
-    eval_samples: int = 64
     n_prompts: int = 4
-    seeds: tuple[int, ...] = (0, 1, 2, 3)
+    target: int = 1
+    seeds: tuple[int, ...] = tuple(range(8))
     compare: bool = True
 
     def __post_init__(self):
@@ -85,17 +89,14 @@ class Config:
 def config(small: bool = False) -> Config:
     if small:
         return Config(
-            vocab_size=8,
-            hidden_size=16,
-            lag=1,
-            lr=0.03,
-            steps=8,
-            response_length=4,
+            vocab_size=6,
+            hidden_size=8,
             recipes=("grpo", "vespo", "tis"),
             staleness=(1, 4),
             minibatch_size=8,
+            steps=8,
             eval_every=4,
-            eval_samples=16,
+            response_length=2,
             seeds=(0, 1),
         )
     return Config()
@@ -116,35 +117,37 @@ def _model(cfg: Config, seed: int):
     )
 
 
-def _hyperparams(recipe: str) -> tuple:
-    """The recipe's preset (e.g. GSPO "paper") as the loss's keyword pairs."""
+def _hyperparams(mapping: str, preset) -> tuple:
+    """A mapping's preset (e.g. GSPO "paper") as the loss's keyword pairs."""
     from simkit import mappings
 
-    _, mapping, preset, _ = RECIPES[recipe]
     if preset is None:
         return ()
     m = mappings.get(mapping, preset=preset)
     return tuple((f.name, getattr(m, f.name)) for f in dataclasses.fields(m))
 
 
-def lm_config(cfg: Config, recipe: str, N: int):
-    """The :class:`~simkit.lm.train.LMTrainConfig` of one (recipe, N) run."""
+def lm_config(cfg: Config, name: str, N: int):
+    """The :class:`~simkit.lm.train.LMTrainConfig` of one (recipe, N) run (exact J)."""
     from simkit.lm.train import LMTrainConfig
 
-    _, mapping, _, aggregation = RECIPES[recipe]
+    r = RECIPES[name]
+    composed = {}
+    if r.correction is not None:
+        composed = dict(correction=r.correction, mode=r.mode)
     return LMTrainConfig(
-        mapping=mapping,
-        hyperparams=_hyperparams(recipe),
-        aggregation=aggregation,
+        mapping=r.mapping,
+        hyperparams=_hyperparams(r.mapping, r.preset),
+        aggregation=r.aggregation,
         minibatches=N,
+        exact_J=True,
+        **composed,
         **train_fields(cfg),
     )
 
 
 def train_fields(cfg: Config) -> dict:
-    """The fields of :class:`~simkit.lm.train.LMTrainConfig` that ``cfg`` sets, by the same
-    name (``group_size``, ``steps``, ``minibatch_size``, ``lag``, ``lr``, ``response_length``,
-    ``precision``, ``temperature``, ``n_prompts``, ``eval_every``, ``eval_samples``)."""
+    """The fields of :class:`~simkit.lm.train.LMTrainConfig` that ``cfg`` sets, by name."""
     from simkit.lm.train import LMTrainConfig
 
     names = [f.name for f in dataclasses.fields(LMTrainConfig)]
@@ -152,7 +155,7 @@ def train_fields(cfg: Config) -> dict:
 
 
 def run_grid(cfg: Config) -> pd.DataFrame:
-    """Every (recipe, N, seed) run's table, with those three columns; one torch thread."""
+    """Every (recipe, N, seed) LM run's table, with those three columns; one torch thread."""
     import torch
 
     from simkit.lm.train import train_lm
@@ -161,168 +164,280 @@ def run_grid(cfg: Config) -> pd.DataFrame:
     torch.set_num_threads(1)
     tables = []
     try:
-        for recipe in cfg.recipes:
+        for name in cfg.recipes:
             for N in cfg.staleness:
                 for seed in cfg.seeds:
-                    t = train_lm(_model(cfg, seed), lm_config(cfg, recipe, N), seed=seed)
-                    tables.append(t.assign(recipe=recipe, N=N, seed=seed))
+                    t = train_lm(_model(cfg, seed), lm_config(cfg, name, N), seed=seed)
+                    tables.append(t.assign(recipe=name, N=N, seed=seed))
     finally:
         torch.set_num_threads(threads)
     return pd.concat(tables, ignore_index=True)
 
 
-def curves_of(table: pd.DataFrame) -> pd.DataFrame:
-    """Recorded J per (recipe, N, step): mean over seeds and its SE (sd/√seeds; one seed: the
-    run's own held-out SE)."""
-    rec = table[table["recorded"]]
-    g = rec.groupby(["recipe", "N", "step"], sort=False)
-    out = g.agg(J=("J", "mean"), sd=("J", "std"), n=("J", "size"), J_se_run=("J_se", "mean"))
-    out = out.reset_index()
-    se = out.pop("sd") / np.sqrt(out["n"])
-    out["se"] = np.where(out["n"] > 1, se, out.pop("J_se_run"))
-    return out.drop(columns=[c for c in ("J_se_run",) if c in out])
+# --- the twin -------------------------------------------------------------------------------
 
 
-def summary_of(table: pd.DataFrame) -> pd.DataFrame:
-    """Per (recipe, N): final held-out J, mean ± SE over seeds."""
-    last = table[table["recorded"]].sort_values("step").groupby(["recipe", "N", "seed"]).tail(1)
-    g = last.groupby(["recipe", "N"], sort=False)
-    out = g.agg(J_final=("J", "mean"), sd=("J", "std"), runs=("J", "size")).reset_index()
-    out["J_final_se"] = out.pop("sd") / np.sqrt(out["runs"])
-    return out
+def twin_environment(cfg: Config, J0: float):
+    """``at_least_k(V, T, k = 1, hit = target)`` with the target's logit shifted by the c
+    (bisection, 60 halvings) that makes J(π₀) = ``J0``, the LM's mean exact J(π₀)."""
+    from simkit.envs import TokenMDP
+
+    base = TokenMDP.at_least_k(V=cfg.vocab_size, T=cfg.response_length, k=1, hit=cfg.target, seed=0)
+
+    def shifted(c):
+        logits = np.array(base.logits, dtype=np.float64)
+        logits[..., cfg.target] += c
+        return base.with_logits(logits)
+
+    lo, hi = -30.0, 30.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if shifted(mid).J() < J0 else (lo, mid)
+    return shifted((lo + hi) / 2)
 
 
-def _order(summary: pd.DataFrame, N: int) -> list[tuple[str, float, float]]:
-    rows = summary[summary["N"] == N].sort_values("J_final", ascending=False)
-    return [
-        (r.recipe, float(r.J_final), float(r.J_final_se) if np.isfinite(r.J_final_se) else 0.0)
-        for r in rows.itertuples(index=False)
-    ]
+def twin_config(cfg: Config, name: str, N: int):
+    """The simulator's :class:`~simkit.train.TrainConfig` of one (recipe, N) twin run."""
+    from simkit.train import Mismatch, TrainConfig
 
-
-def ranking(order) -> str:
-    return " > ".join(f"{recipe_label(r)} {m:.3f} ± {s:.3f}" for r, m, s in order)
-
-
-def agreement(lm: pd.DataFrame, sim: pd.DataFrame, N: int) -> dict:
-    """Recipe pairs at staleness N ranked the same way by the LM's and the simulator's final J.
-
-    A pair is ``tied`` when the LM's or the simulator's difference is within 2 SE (combined),
-    else ``agree`` or ``disagree`` by the signs of the two differences."""
-    a = {r: (m, s) for r, m, s in _order(lm, N)}
-    b = {r: (m, s) for r, m, s in _order(sim, N)}
-    common = [r for r in a if r in b]
-    out = {"agree": [], "disagree": [], "tied": []}
-    for x, y in combinations(common, 2):
-        d = a[x][0] - a[y][0]
-        e = b[x][0] - b[y][0]
-        if abs(d) <= 2 * math.hypot(a[x][1], a[y][1]) or abs(e) <= 2 * math.hypot(b[x][1], b[y][1]):
-            out["tied"].append((x, y))
-        elif np.sign(d) == np.sign(e):
-            out["agree"].append((x, y))
-        else:
-            out["disagree"].append((x, y))
-    return out
-
-
-def simulator_config(cfg: Config):
-    """The simulator's staleness_curves small configuration with this figure's recipes and N."""
-    return dataclasses.replace(
-        sim_curves.config(small=True), recipes=cfg.recipes, staleness=cfg.staleness
+    return TrainConfig(
+        recipe(name, cfg.group_size),
+        steps=cfg.steps,
+        batch=N * cfg.minibatch_size,
+        minibatches=N,
+        lag_updates=cfg.lag * N,
+        lr=cfg.lr,
+        max_grad_norm=cfg.max_grad_norm,
+        mismatch=Mismatch(precision=cfg.precision),
+        record_every=cfg.eval_every,
+        parameterization="features",
+        features=cfg.hidden_size,
+        feature_rank=max(1, cfg.hidden_size // 4),
     )
 
 
-def simulator_summary(cfg: Config) -> pd.DataFrame:
-    """The simulator's staleness_curves at its small size with this figure's recipes and N."""
-    data = sim_curves.compute(simulator_config(cfg), workers=1)
-    return data.summary[["recipe", "N", "J_final", "J_final_se", "runs"]]
+def run_twin(cfg: Config, J0: float) -> pd.DataFrame:
+    """Every (recipe, N, seed) twin run's recorded rows (step, J), with those columns."""
+    from simkit.train import train
+
+    env = twin_environment(cfg, J0)
+    tables = []
+    for name in cfg.recipes:
+        for N in cfg.staleness:
+            for seed in cfg.seeds:
+                t = train(env, twin_config(cfg, name, N), seed=seed)
+                t = t[t["recorded"]][["step", "recorded", "J"]]
+                tables.append(t.assign(recipe=name, N=N, seed=seed))
+    return pd.concat(tables, ignore_index=True)
 
 
-def _pairs(pairs) -> str:
-    return ", ".join(f"{recipe_label(x)}/{recipe_label(y)}" for x, y in pairs) or "none"
+# --- summaries and the comparison -----------------------------------------------------------
 
 
-def make_notes(cfg: Config, summary: pd.DataFrame, table: pd.DataFrame, sim) -> tuple[str, ...]:
-    N_max = max(cfg.staleness)
-    J0 = table[(table["step"] == 0) & table["recorded"]]["J"]
-    notes = [
-        f"Environment: tiny Llama (vocab {cfg.vocab_size}, hidden {cfg.hidden_size}, "
-        f"{cfg.num_layers} layer(s)), token task with {cfg.n_prompts} training prompts (R = 1 "
-        f"iff the target token occurs in the {cfg.response_length}-token response), held-out "
-        f"J(π₀) = {J0.mean():.3f}; μ lagged {cfg.lag} rollout(s), engine "
-        f"{cfg.precision or 'fp32'} logits at temperature {cfg.temperature:g}.",
-        f"Sizes: N ∈ {{{', '.join(map(str, cfg.staleness))}}} mini-batches of "
-        f"{cfg.minibatch_size} responses (groups of {cfg.group_size}), {cfg.steps} Adam updates "
-        f"(lr {cfg.lr:g}), J on {cfg.eval_samples} held-out responses every {cfg.eval_every} "
-        f"steps; seeds {', '.join(map(str, cfg.seeds))}; band ±SE over seeds.",
-        f"max |log π − log μ| reached: {table['max_abs_log_ratio'].max():.3g} nats.",
+def final_J(table: pd.DataFrame, steps: int) -> pd.DataFrame:
+    """Per (recipe, N, seed): J_final, the mean recorded J over the last
+    :data:`~simkit.train.analysis.TAIL_FRACTION` of the steps (the last record if none)."""
+    rec = table[table["recorded"]]
+    tail = steps - max(1, math.ceil(TAIL_FRACTION * steps))
+    rows = []
+    for (r, N, seed), g in rec.groupby(["recipe", "N", "seed"], sort=False):
+        part = g[g["step"] >= tail]
+        J = part["J"].mean() if len(part) else g.sort_values("step")["J"].iloc[-1]
+        rows.append({"recipe": r, "N": N, "seed": seed, "J_final": float(J), "collapsed": False})
+    return pd.DataFrame(rows)
+
+
+def summary_of(per_seed: pd.DataFrame) -> pd.DataFrame:
+    """Per (recipe, N): mean ± SE over seeds of J_final
+    (:func:`simkit.figures.staleness_curves.seed_means`)."""
+    return sim_curves.seed_means(per_seed, ["recipe", "N"], ("J_final",))
+
+
+def curves_of(table: pd.DataFrame) -> pd.DataFrame:
+    """Recorded J per (recipe, N, step): mean over seeds and its SE (sd/√seeds)."""
+    rec = table[table["recorded"]]
+    g = rec.groupby(["recipe", "N", "step"], sort=False)
+    out = g.agg(J=("J", "mean"), sd=("J", "std"), n=("J", "size")).reset_index()
+    out["se"] = out.pop("sd") / np.sqrt(out["n"])
+    return out
+
+
+def _means(per_seed: pd.DataFrame, N: int, recipes, rng=None) -> np.ndarray:
+    """Mean J_final per recipe at N (seeds resampled with replacement when ``rng``)."""
+    out = []
+    for r in recipes:
+        v = per_seed[(per_seed["recipe"] == r) & (per_seed["N"] == N)]["J_final"].to_numpy()
+        if rng is not None:
+            v = v[rng.integers(0, len(v), len(v))]
+        out.append(v.mean())
+    return np.asarray(out)
+
+
+def kendall_tau(a, b) -> float:
+    """Kendall τ-b between two score vectors (NaN when either is constant)."""
+    from scipy.stats import kendalltau
+
+    tau = kendalltau(a, b).statistic
+    return float(tau) if np.isfinite(tau) else math.nan
+
+
+def compare(lm, other, recipes, N_lm: int, N_other: int, seed: int = 0) -> dict:
+    """Kendall τ-b between the LM's final-J means at ``N_lm`` and ``other``'s at ``N_other``
+    (per-seed tables), its 95 % percentile interval over :data:`BOOTSTRAP` resamples of the
+    seeds of both sides, and the pairs resolved on both sides (difference > 2 combined SE)
+    with how many of them agree in sign."""
+    a, b = _means(lm, N_lm, recipes), _means(other, N_other, recipes)
+    rng = np.random.default_rng(seed)
+    taus = [
+        kendall_tau(_means(lm, N_lm, recipes, rng), _means(other, N_other, recipes, rng))
+        for _ in range(BOOTSTRAP)
     ]
+    taus = np.asarray(taus)
+    taus = taus[np.isfinite(taus)]
+    lo, hi = np.quantile(taus, [0.025, 0.975]) if len(taus) else (math.nan, math.nan)
+    sa, sb = (summary_of(t).set_index(["recipe", "N"]) for t in (lm, other))
+    resolved = agree = 0
+    for x, y in combinations(recipes, 2):
+        ok = True
+        signs = []
+        for s, N in ((sa, N_lm), (sb, N_other)):
+            d = s.loc[(x, N), "J_final"] - s.loc[(y, N), "J_final"]
+            se = math.hypot(s.loc[(x, N), "J_final_se"], s.loc[(y, N), "J_final_se"])
+            ok &= bool(np.isfinite(se) and abs(d) > 2 * se)
+            signs.append(np.sign(d))
+        if ok:
+            resolved += 1
+            agree += int(signs[0] == signs[1])
+    return {
+        "tau": kendall_tau(a, b),
+        "lo": float(lo),
+        "hi": float(hi),
+        "resolved": resolved,
+        "agree": agree,
+        "pairs": len(recipes) * (len(recipes) - 1) // 2,
+    }
+
+
+def _tau_text(c: dict) -> str:
+    tau = "n/a (a side is all ties)" if not np.isfinite(c["tau"]) else f"{c['tau']:.2f}"
+    return (
+        f"Kendall τ = {tau} [95 % bootstrap {c['lo']:.2f}, {c['hi']:.2f}]; "
+        f"{c['resolved']} of {c['pairs']} pairs resolved on both sides (> 2 SE), "
+        f"{c['agree']} of them agree"
+    )
+
+
+def make_notes(cfg: Config, lm: pd.DataFrame, sim, table: pd.DataFrame, J0: float):
+    """The notes: setting, the exact J(π₀), the orderings, τ for the twin and the trivial
+    predictor (``lm``, ``sim``: per-seed J_final tables; ``sim`` None without comparison)."""
+    N_max, N_min = max(cfg.staleness), min(cfg.staleness)
+    notes = [
+        f"LM: tiny Llama (vocab {cfg.vocab_size}, hidden {cfg.hidden_size}, {cfg.num_layers} "
+        f"layer(s)), token task (R = 1 iff token {cfg.target} occurs in the "
+        f"{cfg.response_length}-token response, {cfg.n_prompts} training prompts); J exact on "
+        f"held-out prompts (every target-free response enumerated); J(π₀) = {J0:.3f} (mean over "
+        "seeds).",
+        f"Schedule (both sides): N ∈ {{{', '.join(map(str, cfg.staleness))}}} mini-batches of "
+        f"{cfg.minibatch_size} responses (groups of {cfg.group_size}), lag {cfg.lag} rollout(s) "
+        f"= {cfg.lag}·N optimizer updates, engine {cfg.precision or 'fp32'} logits, "
+        f"{cfg.steps} Adam updates (lr {cfg.lr:g}, gradient norm clipped to "
+        f"{cfg.max_grad_norm}), J every {cfg.eval_every} steps; seeds "
+        f"{', '.join(map(str, cfg.seeds))}.",
+        f"max |log π − log μ| reached (LM): {table['max_abs_log_ratio'].max():.3g} nats.",
+    ]
+    s_lm = summary_of(lm)
     for N in cfg.staleness:
-        notes.append(f"Final J at N = {N} (mean ± SE over seeds): {ranking(_order(summary, N))}.")
-    if sim is not None:
-        ag = agreement(summary, sim, N_max)
-        sc = simulator_config(cfg)
-        n = sum(len(v) for v in ag.values())
-        notes.append(
-            f"Simulator (staleness_curves at small size: {sc.constructor} V = {sc.V}, "
-            f"T = {sc.T}, lag {sc.lag}, lr {sc.lr:g}, {sc.steps} steps, "
-            f"{len(sc.seeds)} seeds; same recipes and N) at N = {N_max}: "
-            f"{ranking(_order(sim, N_max))}."
-        )
-        notes.append(
-            f"Agreement at N = {N_max}: of {n} recipe pairs, {len(ag['agree'])} ordered as in "
-            f"the simulator ({_pairs(ag['agree'])}), {len(ag['disagree'])} reversed "
-            f"({_pairs(ag['disagree'])}), {len(ag['tied'])} within 2 SE in either (not resolved)."
-        )
-    else:
+        part = s_lm[s_lm["N"] == N]
+        notes.append(f"LM final J at N = {N} (mean ± SE): {sim_curves.ordering(part)}.")
+    if sim is None:
         notes.append("No simulator comparison (Config.compare = False).")
+        return tuple(notes)
+    s_sim = summary_of(sim)
+    notes.append(
+        f"Twin: TokenMDP.at_least_k(V = {cfg.vocab_size}, T = {cfg.response_length}, k = 1, "
+        f"hit = {cfg.target}) with J(π₀) matched to the LM's, features parameters (d = "
+        f"{cfg.hidden_size}); final J at N = {N_max}: "
+        f"{sim_curves.ordering(s_sim[s_sim['N'] == N_max])}."
+    )
+    recipes = list(cfg.recipes)
+    twin = compare(lm, sim, recipes, N_max, N_max)
+    notes.append(f"Twin vs LM at N = {N_max}: {_tau_text(twin)}.")
+    trivial = compare(lm, lm, recipes, N_max, N_min, seed=1)
+    notes.append(
+        f"Trivial predictor (the LM's own ordering at N = {N_min}) vs LM at N = {N_max}: "
+        f"{_tau_text(trivial)}."
+    )
     return tuple(notes)
 
 
 @dataclass(frozen=True)
 class Data:
-    """``table``: every step of every run (:data:`simkit.lm.train.COLUMNS`, recipe, N, seed);
-    ``curves``: J mean and SE per (recipe, N, step); ``summary``: final J per (recipe, N);
-    ``sim_summary``: the simulator's (or None); ``notes``."""
+    """``table``: every step of every LM run (:data:`simkit.lm.train.COLUMNS`, recipe, N,
+    seed); ``curves``: LM J mean and SE per (recipe, N, step); ``summary``: LM final J per
+    (recipe, N); ``sim_table`` / ``sim_curves`` / ``sim_summary``: the twin's (or None);
+    ``J0``: the LM's mean exact J(π₀); ``notes``."""
 
     config: Config
     table: pd.DataFrame
     curves: pd.DataFrame
     summary: pd.DataFrame
+    sim_table: pd.DataFrame | None
+    sim_curves: pd.DataFrame | None
     sim_summary: pd.DataFrame | None
+    J0: float
     notes: tuple[str, ...]
 
 
 def compute(cfg: Config) -> Data:
     table = run_grid(cfg)
-    summary = summary_of(table)
-    sim = simulator_summary(cfg) if cfg.compare else None
+    J0 = float(table[(table["step"] == 0) & table["recorded"]]["J"].mean())
+    lm = final_J(table, cfg.steps)
+    sim_table = sim = None
+    if cfg.compare:
+        sim_table = run_twin(cfg, J0)
+        sim = final_J(sim_table, cfg.steps)
     return Data(
         config=cfg,
         table=table,
         curves=curves_of(table),
-        summary=summary,
-        sim_summary=sim,
-        notes=make_notes(cfg, summary, table, sim),
+        summary=summary_of(lm),
+        sim_table=sim_table,
+        sim_curves=None if sim_table is None else curves_of(sim_table),
+        sim_summary=None if sim is None else summary_of(sim),
+        J0=J0,
+        notes=make_notes(cfg, lm, sim, table, J0),
     )
 
 
 def draw(data: Data):
     Ns = list(data.config.staleness)
-    fig, panels = sim_curves.split_figure(2.6 * len(Ns) + 1.2, 2.4, data.notes)
+    fig, panels = sim_curves.split_figure(2.6 * len(Ns) + 1.4, 2.4, data.notes)
     axes = panels.subplots(1, len(Ns), sharex=True, sharey=True, squeeze=False).ravel()
     for ax, N in zip(axes, Ns, strict=True):
-        for recipe in data.config.recipes:
-            c = data.curves[(data.curves["recipe"] == recipe) & (data.curves["N"] == N)]
+        for name in data.config.recipes:
+            c = data.curves[(data.curves["recipe"] == name) & (data.curves["N"] == N)]
             x = c["step"].to_numpy(float)
-            sim_curves.plot_band(ax, recipe, x, c["J"], c["J"] - c["se"], c["J"] + c["se"])
+            sim_curves.plot_band(ax, name, x, c["J"], c["J"] - c["se"], c["J"] + c["se"])
+            if data.sim_curves is not None:
+                s = data.sim_curves[
+                    (data.sim_curves["recipe"] == name) & (data.sim_curves["N"] == N)
+                ]
+                ax.plot(
+                    s["step"],
+                    s["J"],
+                    **sim_curves.recipe_style(name, linewidth=0.8, linestyle="--", label=None),
+                )
         ax.set_title(f"N = {N}")
         ax.set_xlabel("optimizer step")
-    axes[0].set_ylabel("held-out J (± SE)")
+    axes[0].set_ylabel("exact J (± SE); dashed: twin")
     sim_curves.recipe_legend(panels, axes[0])
     panels.suptitle(
-        f"tiny Llama (vocab {data.config.vocab_size}, hidden {data.config.hidden_size}), "
-        f"mean of {len(data.config.seeds)} seeds, ±SE band",
+        f"tiny Llama (vocab {data.config.vocab_size}, hidden {data.config.hidden_size}) and its "
+        f"simulator twin, mean of {len(data.config.seeds)} seeds, ±SE band",
         fontsize=8,
     )
     return fig
+
+
+__all__ = ["BOOTSTRAP", "CAPTION", "NAME", "TITLE", "Config", "Data", "compute", "config", "draw"]
+_ = recipe_label

@@ -4,28 +4,29 @@ rl-collapse (Liu, Li et al. 2025, "When speed kills stability: demystifying RL c
 the training–inference mismatch") reports that token-level corrections (token TIS) still
 collapse when the inference engine's μ differs from the trainer's π, while sequence-level
 masking (seq-MIS, Geo-Mask) keeps training stable. This figure trains with μ served by an
-emulated inference engine (:class:`simkit.train.Mismatch`: logits rounded to bf16, plus rare
-"toxic-tail" spikes that starve the rarest tokens of a state) and no staleness (N = 1, lag 0),
-so that the mismatch is the only source of off-policyness.
+emulated inference engine (:class:`simkit.train.Mismatch`) and no staleness (N = 1, lag 0), so
+that the mismatch is the only source of off-policyness, with mismatch models that **grow with
+the policy** (the error grows as the logits sharpen): a kernel error proportional to the logit
+(``relative_noise``) and a routing-like error that grows as a row becomes deterministic
+(``sharpness_noise``) on bf16 logits, sized so that the per-token KL(π‖μ) stays in the range
+trainers log (1e-4 to 1e-2; the notes print the range reached).
 
-Setting (full size): ``TokenMDP.answer_correct(V = 32, T = 128, scale = 2, answer = 26)``
-(R = 1 iff the last token is the answer; the initial logits are N(0, 4), so π is peaked as a
-pretrained model's is, bf16 rounding is visible, and the answer token starts rare: J(π₀) ≈
-0.002), Adam (lr 0.03, gradient norm clipped to 1), 32 sequences per update (4 GRPO groups of
-8), 600 steps, exact J every 10, seeds 0, 1, 2. Panels: no mismatch (every recipe is then
-on-policy REINFORCE: the curves coincide); bf16 + logit noise σ = 0.1 (a sequence's log-ratio
-then spreads like σ·√T: the sequence-level weights feel the length); bf16 + toxic-tail spikes
-(with probability 0.5 per state and rollout, the 8 rarest tokens of the state get μ × e^{−6}:
-the rare correct answer is under-sampled and, when sampled, carries a ratio of e^6).
+The uncorrected loss (``naive``) is the **positive control**: the claim is judged under a
+mismatch only if the control collapsed there in at least 6 of 8 seeds
+(:func:`simkit.figures.staleness_curves.control_verdict`); otherwise the verdict is "not
+testable in this setting", with the control's count.
+
+Setting (full size): ``TokenMDP.at_least_k(V = 16, T = 32, k = 6)`` with tied parameters (as
+``staleness_curves``), Adam (lr 0.3, gradient norm clipped to 1), 16 sequences per update
+(2 GRPO groups of 8), 150 steps, exact J every 15, seeds 0–7.
 
 The grid is ``configs/train_mismatch_curves.toml`` (:func:`sweep_config`); :func:`compute`
-returns :class:`~simkit.figures.staleness_curves.Data`-like :class:`Data` with the notes:
-environment, sizes, seeds and whether the paper's ordering is reproduced, as measured.
+returns :class:`Data` with the notes: environment, sizes, seeds, the per-token KL reached, the
+control's collapse count and the verdict, as measured.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,12 +36,13 @@ from simkit.config import TrainSweepConfig, mismatch_to_dict
 from simkit.figures.staleness_curves import (
     FINAL_J_NOTE,
     check_grid,
-    collapse_line,
+    control_verdict,
     drift_note,
     environment_dict,
     environment_note,
+    label_counts,
+    ordering,
     plot_curves,
-    ranking,
     recipe_legend,
     run_curves,
     schedule_note,
@@ -53,19 +55,16 @@ from simkit.train.recipes import recipe_label
 NAME = "mismatch_curves"
 TITLE = "Learning curves under train–inference mismatch (token-TIS, seq-MIS, Geo-Mask, VESPO)"
 CAPTION = (
-    "exact J(π) against the optimizer step for token-TIS, seq-MIS, Geo-Mask, VESPO and the "
-    "uncorrected (naive) loss on a token MDP (answer_correct, V = 32, T = 128, a rare answer "
-    "token) when the rollouts come from an emulated inference engine (no staleness: N = 1): no "
-    "mismatch, bf16 logits + logit noise, and bf16 + toxic-tail spikes that starve the rarest "
-    "tokens (the answer among them at the start). Mean over 3 seeds with "
-    "the min–max band. The notes state whether rl-collapse's ordering (token-level "
-    "corrections collapse, sequence-level masking does not) is reproduced here, as measured."
+    "exact J(π) against the optimizer step for token-TIS (decoupled PPO × TIS), seq-MIS, "
+    "Geo-Mask, VESPO and the uncorrected naive loss (the positive control) on a token MDP "
+    "(at_least_k, V = 16, T = 32, tied parameters) when the rollouts come from an emulated "
+    "inference engine whose error grows with the policy (no staleness: N = 1): relative logit "
+    "noise, and bf16 logits + sharpness noise, sized to a per-token KL in the range trainers "
+    "log. Mean over 8 seeds with the min–max band. The notes give the per-token KL reached, "
+    "the control's collapse count and rl-collapse's claim as measured where the control "
+    "collapsed, 'not testable in this setting' elsewhere."
 )
 
-#: the answer token of the full-size environment: under the initial logits (seed 0, scale 2) it
-#: is among the 8 rarest of 32 tokens in two of the three states, so toxic-tail spikes on the 8
-#: rarest tokens starve the correct answer in μ (the case where the engine's tail error matters)
-ANSWER = 26
 #: rl-collapse: token-level corrections collapse, sequence-level masks stay stable
 PAPER_TOKEN_LEVEL = ("tis",)
 PAPER_SEQUENCE_LEVEL = ("mis", "geo_mask")
@@ -76,26 +75,26 @@ class Config:
     """Environment, recipes, the mismatch models (one panel each), the schedule and seeds.
     ``mismatches`` holds :class:`~simkit.train.Mismatch` objects."""
 
-    constructor: str = "answer_correct"
-    V: int = 32
-    T: int = 128
-    env_kwargs: tuple = (("answer", ANSWER),)
-    scale: float = 2.0
+    constructor: str = "at_least_k"
+    V: int = 16
+    T: int = 32
+    env_kwargs: tuple = (("k", 6),)
+    scale: float = 1.0
     env_seed: int = 0
+    parameterization: str = "tied"
     recipes: tuple[str, ...] = ("tis", "mis", "geo_mask", "vespo", "naive")
     mismatches: tuple[Mismatch, ...] = (
-        Mismatch(),
-        Mismatch(precision="bf16", logit_noise=0.1),
-        Mismatch(precision="bf16", spike_prob=0.5, spike_strength=6.0, spike_tokens=8),
+        Mismatch(relative_noise=0.03),
+        Mismatch(precision="bf16", sharpness_noise=0.2),
     )
     minibatches: int = 1
-    minibatch_size: int = 32
+    minibatch_size: int = 16
     group_size: int = 8
-    steps: int = 600
-    lr: float = 0.03
+    steps: int = 150
+    lr: float = 0.3
     max_grad_norm: float | None = 1.0
-    record_every: int = 10
-    seeds: tuple[int, ...] = (0, 1, 2)
+    record_every: int = 15
+    seeds: tuple[int, ...] = tuple(range(8))
 
     def __post_init__(self):
         check_grid(self.recipes, mismatches=self.mismatches, seeds=self.seeds)
@@ -107,8 +106,10 @@ def config(small: bool = False) -> Config:
             V=6,
             T=10,
             env_kwargs=(),
+            constructor="answer_correct",
             scale=2.0,
-            recipes=("tis", "mis", "vespo"),
+            parameterization="tabular",
+            recipes=("tis", "mis", "vespo", "naive"),
             mismatches=(
                 Mismatch(),
                 Mismatch(precision="bf16", spike_prob=0.2, spike_strength=4.0),
@@ -125,6 +126,9 @@ def config(small: bool = False) -> Config:
 def sweep_config(cfg: Config) -> TrainSweepConfig:
     """The training sweep of the figure (``configs/train_mismatch_curves.toml`` at full size):
     recipes × mismatch models × seeds, no staleness."""
+    tables = {}
+    if cfg.parameterization != "tabular":
+        tables["parameterization"] = cfg.parameterization
     return training_sweep(
         cfg,
         NAME,
@@ -132,49 +136,66 @@ def sweep_config(cfg: Config) -> TrainSweepConfig:
         lr=cfg.lr,
         environment=environment_dict(cfg),
         mismatch=[mismatch_to_dict(m) for m in cfg.mismatches],
+        **tables,
     )
 
 
-def paper_verdict(summary: pd.DataFrame, order: list[str]) -> list[str]:
-    """Lines: the ranking under each mismatch and the comparison with rl-collapse's claim."""
+def claim_verdict(runs: pd.DataFrame, label: str) -> str:
+    """rl-collapse's claim under one mismatch (``runs``: the per-run rows there), from the
+    data: "not testable in this setting" unless the positive control collapsed
+    (:func:`~simkit.figures.staleness_curves.control_verdict`); else REPRODUCED when token-TIS
+    collapsed in at least half of its seeds and every sequence-level mask ended ``ok`` in at
+    least 75 % of theirs, NOT reproduced otherwise — with every recipe's label counts."""
+    present = list(dict.fromkeys(runs["recipe"]))
+    token = [r for r in PAPER_TOKEN_LEVEL if r in present]
+    seq = [r for r in PAPER_SEQUENCE_LEVEL if r in present]
+    head = (
+        "rl-collapse's claim (token-level TIS collapses under mismatch, sequence-level "
+        f"{', '.join(recipe_label(r) for r in seq) or 'masks'} do not) under '{label}'"
+    )
+    if not token or not seq:
+        return f"{head}: not testable here (token-TIS or the sequence-level masks not run)."
+    testable, control = control_verdict(runs)
+    counts = "; ".join(
+        f"{recipe_label(r)}: {label_counts(runs[runs['recipe'] == r])}" for r in present
+    )
+    if not testable:
+        return f"{head}: not testable in this setting — {control}. Labels: {counts}."
+    falls = all((runs[runs["recipe"] == t]["failure"] == "collapse").mean() >= 0.5 for t in token)
+    holds = all((runs[runs["recipe"] == r]["failure"] == "ok").mean() >= 0.75 for r in seq)
+    reproduced = falls and holds
+    return (
+        f"{head}: {'REPRODUCED' if reproduced else 'NOT reproduced'} — {control}; token-TIS "
+        f"{'collapsed' if falls else 'did not collapse'} in ≥ half its seeds; sequence-level "
+        f"masks {'stable' if holds else 'not stable'} (ok in ≥ 75 % of seeds). Labels: {counts}."
+    )
+
+
+def kl_tok_note(table: pd.DataFrame, order) -> str:
+    """One note line: per mismatch, the per-token KL(π‖μ) reached (median and largest of the
+    recorded values), against the range trainers log (1e-4 to 1e-2)."""
+    rec = table[table["recorded"]]
+    parts = []
+    for label in order:
+        kl = rec[rec["mismatch"] == label]["kl_tok"]
+        inside = 1e-4 <= kl.median() and kl.max() <= 1e-2
+        parts.append(
+            f"'{label}' median {kl.median():.2g}, largest {kl.max():.2g}"
+            + ("" if inside or label == "none" else " (outside that range)")
+        )
+    return "Per-token KL(π‖μ) reached (trainers log 1e-4 to 1e-2): " + "; ".join(parts) + "."
+
+
+def paper_verdict(summary: pd.DataFrame, runs: pd.DataFrame, order: list[str]) -> list[str]:
+    """Lines: the ordering under each mismatch (± SE, ties within 2 SE) and rl-collapse's
+    claim under each mismatch with a non-zero error (:func:`claim_verdict`)."""
     lines = []
     for label in order:
         part = summary[summary["mismatch"] == label]
-        lines.append(f"Final J, mismatch '{label}' (mean ± SE over seeds): {ranking(part)}.")
+        lines.append(f"Final J, mismatch '{label}' (mean ± SE over seeds): {ordering(part)}.")
     for label in order:
         if label != "none":
-            part = summary[summary["mismatch"] == label]
-            lines.append(
-                f"Mean J over the run (learning speed), '{label}': {ranking(part, 'J_mean')}."
-            )
-    lines.append(collapse_line(summary, lambda row: f"under '{row.mismatch}'"))
-    present = set(summary["recipe"])
-    token = [r for r in PAPER_TOKEN_LEVEL if r in present]
-    seq = [r for r in PAPER_SEQUENCE_LEVEL if r in present]
-    if token and seq:
-        worst = order[-1]
-        at = summary[summary["mismatch"] == worst].set_index("recipe")
-        token_collapses = bool(summary[summary["recipe"].isin(token)]["collapsed"].sum() > 0)
-        seq_stable = bool(summary[summary["recipe"].isin(seq)]["collapsed"].sum() == 0)
-        better = []
-        for s in seq:
-            for t in token:
-                se = math.hypot(at.loc[s, "J_final_se"], at.loc[t, "J_final_se"])
-                if at.loc[s, "J_final"] - at.loc[t, "J_final"] > 2 * se:
-                    better.append(f"{recipe_label(s)} > {recipe_label(t)}")
-        reproduced = token_collapses and seq_stable
-        lines.append(
-            "rl-collapse's claim (token-level TIS collapses under mismatch, sequence-level "
-            f"{', '.join(recipe_label(s) for s in seq)} do not): "
-            + ("REPRODUCED" if reproduced else "NOT reproduced")
-            + " here — token-TIS "
-            + ("collapsed" if token_collapses else "never collapsed")
-            + "; sequence-level masks "
-            + ("never collapsed" if seq_stable else "collapsed")
-            + f"; under '{worst}', final J differs by more than 2 SE for: "
-            + (", ".join(better) or "no sequence-over-token pair")
-            + "."
-        )
+            lines.append(claim_verdict(runs[runs["mismatch"] == label], label))
     return lines
 
 
@@ -200,22 +221,16 @@ def compute(cfg: Config, workers: int | None = None) -> Data:
     sweep = sweep_config(cfg)
     grid = run_curves(sweep, cfg.T, ["recipe", "mismatch"], workers)
     order = tuple(m.label for m in cfg.mismatches)
-    spikes = [m for m in cfg.mismatches if m.spike_prob > 0 and m.spike_strength > 0]
     notes = [
         environment_note(sweep, grid["J_start"], grid["J_star"]),
         schedule_note(sweep) + f" Staleness N = {cfg.minibatches}, no lag.",
-        "Mismatch: μ = softmax of the trainer's logits + N(0, σ²) noise, rounded to bf16 "
-        "(8 significant bits, round to nearest even), then toxic-tail spikes (per state and "
-        "rollout, with probability p the k rarest tokens get μ × e^{−s})"
-        + (
-            f"; e.g. p = {spikes[0].spike_prob:g}, s = {spikes[0].spike_strength:g}, "
-            f"k = {spikes[0].spike_tokens}."
-            if spikes
-            else "."
-        ),
+        "Mismatch: μ = softmax of the trainer's logits θ + σ·ε + ρ·|θ − mean θ|·ε′ + σ_s·(1 − "
+        "H/log V)·ε″ (fresh N(0, 1) draws every rollout; the last two grow as the policy "
+        "sharpens), rounded to bf16 where stated, then toxic-tail spikes if any.",
         FINAL_J_NOTE,
+        kl_tok_note(grid["table"], order),
         drift_note(grid["runs"], lambda row: f"under {row['mismatch']}"),
-        *paper_verdict(grid["summary"], list(order)),
+        *paper_verdict(grid["summary"], grid["runs"], list(order)),
     ]
     return Data(config=cfg, mismatch_order=order, notes=tuple(notes), **grid)
 

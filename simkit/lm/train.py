@@ -27,10 +27,17 @@ function on the same weights as π's: every log-ratio is exactly 0, every mappin
 ``on_policy_identity`` has c = 1, and the first update equals REINFORCE's (to float rounding
 of the loss scaling).
 
-**J** is estimated every ``eval_every`` steps (and at the first and last) on held-out prompts
-(the task's prompts drawn with ``eval_seed``): ``eval_samples`` responses from π (no engine
-transform) with a generator seeded by (seed, step); ``J`` is their mean reward and ``J_se``
-its standard error (sd/√n, ddof = 1).
+**J** is computed every ``eval_every`` steps (and at the first and last) on held-out prompts
+(the task's prompts drawn with ``eval_seed``). With ``exact_J=True`` (default) it is **exact**:
+for the presence task R = 1{target ∈ y}, J(π) = 1 − mean_x Σ_{y ∈ (V∖{target})^T} Π_t π(y_t
+| x, y_<t), every target-free response of T tokens scored in one batched forward pass in
+float64 (:func:`exact_presence_J`; (V − 1)^T responses per prompt), ``J_se`` = 0 — the curves
+carry no evaluation noise. With ``exact_J=False``: ``eval_samples`` responses from π (no
+engine transform) with a generator seeded by (seed, step); ``J`` is their mean reward and
+``J_se`` its standard error (sd/√n, ddof = 1).
+
+``max_grad_norm`` clips the gradient's global norm before the Adam step
+(``torch.nn.utils.clip_grad_norm_``), as the simulator's ``TrainConfig.max_grad_norm`` does.
 
 **Reproducibility and resume**: all randomness comes from ``seed`` (the rollout generator
 ``torch.Generator(device=d).manual_seed(seed)`` on the model's device d; evaluation generators
@@ -67,7 +74,7 @@ from simkit.lm.arg_checks import _model_device
 from simkit.lm.tasks import TokenTask
 from simkit.shards import atomic_write
 
-__all__ = ["COLUMNS", "LMTrainConfig", "train_lm"]
+__all__ = ["COLUMNS", "LMTrainConfig", "exact_presence_J", "train_lm"]
 
 #: columns of the table (one row per optimizer step)
 COLUMNS = {
@@ -80,8 +87,8 @@ COLUMNS = {
     "max_abs_log_ratio": "largest |log π_s − log μ| over the mini-batch's tokens",
     "reward_mean": "mean reward of the mini-batch",
     "recorded": "True where J was estimated",
-    "J": "held-out J(π_s) estimate (mean reward of eval_samples responses from π_s)",
-    "J_se": "standard error of J (sd/√n)",
+    "J": "held-out J(π_s): exact (exact_J) or the mean reward of eval_samples responses",
+    "J_se": "standard error of J (sd/√n; 0 when exact)",
 }
 _CHECKPOINT = "checkpoint.pt"
 
@@ -96,7 +103,10 @@ class LMTrainConfig:
     ``minibatch_size`` (responses per update, a multiple of ``group_size``), ``lag``; Adam
     ``lr``; ``response_length``; inference engine ``precision`` (None or ``"bf16"``) and
     ``temperature``; task ``target`` token, ``n_prompts``, ``prompt_length``, ``task_seed``,
-    ``eval_seed``; evaluation ``eval_every``, ``eval_samples``.
+    ``eval_seed``; evaluation ``eval_every``, ``eval_samples``, ``exact_J``; gradient clipping
+    ``max_grad_norm`` (None: none). A bypass composition whose mapping and correction both carry
+    the ratio (:func:`simkit.composition.carries_ratio`) is refused unless
+    ``allow_same_ratio``, as :class:`simkit.estimators.Estimator` refuses it.
     """
 
     mapping: str = "naive"
@@ -120,6 +130,9 @@ class LMTrainConfig:
     eval_seed: int = 1
     eval_every: int = 4
     eval_samples: int = 32
+    exact_J: bool = False
+    max_grad_norm: float | None = None
+    allow_same_ratio: bool = False
 
     def __post_init__(self):
         for name, low in (
@@ -156,6 +169,19 @@ class LMTrainConfig:
                 "LMTrainConfig.mode must be 'decoupled', 'bypass' or 'trl_vespo', got "
                 f"{self.mode!r}"
             )
+        if self.correction is not None and self.mode == "bypass" and not self.allow_same_ratio:
+            from simkit import composition, mappings
+
+            both = all(
+                composition.carries_ratio(mappings.get(name))
+                for name in (self.mapping, self.correction)
+            )
+            if both:
+                raise ValueError(
+                    f"LMTrainConfig: mode 'bypass' sets π_old := μ, so mapping {self.mapping!r} "
+                    f"and correction {self.correction!r} would both act on the one ratio π/μ "
+                    "(the ratio counted twice); use mode 'decoupled' or allow_same_ratio=True"
+                )
         if self.precision not in (None, "bf16"):
             raise ValueError(
                 f"LMTrainConfig.precision must be None or 'bf16', got {self.precision!r}"
@@ -164,6 +190,12 @@ class LMTrainConfig:
             raise ValueError(f"LMTrainConfig.temperature must be > 0, got {self.temperature!r}")
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"LMTrainConfig.lr must be > 0, got {self.lr!r}")
+        if self.max_grad_norm is not None and not (
+            math.isfinite(self.max_grad_norm) and self.max_grad_norm > 0
+        ):
+            raise ValueError(
+                f"LMTrainConfig.max_grad_norm must be None or > 0, got {self.max_grad_norm!r}"
+            )
 
     @property
     def batch(self) -> int:
@@ -196,6 +228,25 @@ def _evaluate(model, task: TokenTask, cfg: LMTrainConfig, seed: int, step: int):
     roll = models.sample_responses(model, prompts[idx], cfg.response_length, gen)
     r = task.rewards(idx, roll.response_ids, roll.response_mask[:, roll.prompt_length :])
     return float(r.mean()), float(r.std(ddof=1) / math.sqrt(len(r)))
+
+
+def exact_presence_J(model, prompts, target: int, T: int) -> float:
+    """J(π) = E_x P_π(target ∈ y | x) over the ``prompts`` (uniform), exactly: one minus the
+    probability of the (V − 1)^T target-free responses of T tokens, each scored by one batched
+    forward pass (float64 log-softmax of the model's logits). Shapes: prompts (K, p)."""
+    V = model.config.vocab_size
+    others = torch.tensor([v for v in range(V) if v != target], dtype=torch.long)
+    grid = torch.cartesian_prod(*([others] * T)).reshape(-1, T)  # ((V−1)^T, T)
+    device = _model_device(model)
+    total = 0.0
+    with torch.no_grad():
+        for x in torch.as_tensor(prompts, dtype=torch.long):
+            p = len(x)
+            ids = torch.cat([x.expand(len(grid), p), grid], dim=1).to(device)
+            logits = model(ids).logits[:, p - 1 : p + T - 1].to(torch.float64)
+            lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, p:, None])[..., 0]
+            total += float(torch.exp(lp.sum(dim=1)).sum())
+    return 1.0 - total / len(prompts)
 
 
 def train_lm(model, config: LMTrainConfig, seed: int = 0, *, out_dir=None, stop_after=None):
@@ -265,7 +316,14 @@ def train_lm(model, config: LMTrainConfig, seed: int = 0, *, out_dir=None, stop_
                 break
             rows_j = slice(j * m, (j + 1) * m)
             record = step % config.eval_every == 0 or step == config.steps - 1
-            J, J_se = _evaluate(model, eval_task, config, seed, step) if record else (math.nan,) * 2
+            J, J_se = (math.nan,) * 2
+            if record and config.exact_J:
+                J = exact_presence_J(
+                    model, eval_task.prompt_ids(), config.target, config.response_length
+                )
+                J_se = 0.0
+            elif record:
+                J, J_se = _evaluate(model, eval_task, config, seed, step)
             log_pi = _log_probs(model, ids[rows_j], attn[rows_j], resp[rows_j])
             composed = {}
             if config.correction is not None:
@@ -290,6 +348,8 @@ def train_lm(model, config: LMTrainConfig, seed: int = 0, *, out_dir=None, stop_
             loss.backward()
             grads = [p.grad for p in model.parameters() if p.grad is not None]
             gnorm = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
+            if config.max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
             opt.step()
             with torch.no_grad():
                 lr_tok = (log_pi.detach() - log_mu[rows_j]).masked_fill(~resp[rows_j], 0.0)

@@ -5,7 +5,8 @@ These functions turn the per-step tables of :func:`simkit.train.train` (or of a 
 at: where a run started and ended, its best value, its average over the run (the area under
 the curve: how fast it learned), and how it **failed**, if it did (:func:`failure_label`):
 
-- ``collapse``: it lost more than half of its best gain (:func:`collapsed`);
+- ``collapse``: it reached at least half of its achievable gain (normalised peak gain ≥
+  :data:`STALL_GAIN`) and then lost more than half of its best gain (:func:`collapsed`);
 - ``determinism``: premature determinism — its per-token entropy over the decision states it
   visits fell below :data:`DETERMINISM_ENTROPY` of the initial one while J stayed far below
   J* (normalised final gain < :data:`STALL_GAIN`): the policy locked into a wrong answer. The
@@ -17,11 +18,14 @@ the curve: how fast it learned), and how it **failed**, if it did (:func:`failur
   existed fall back to ``entropy`` (every visited state);
 - ``length``: length blow-up — the expected length grew past :data:`LENGTH_BLOWUP` × its
   initial value (EOS environments);
-- ``stall``: none of the above but the normalised final gain is below :data:`STALL_GAIN`;
-- ``divergence``: divergence explosion — KL_seq(π‖μ) exceeded :data:`KL_SEQ_EXPLOSION` nats
-  at a recorded step (typical sequence ratios beyond e^{10}) although J did not fail: the run
-  learned on batches its correction could not trust;
+- ``stall``: the run **never reached half of its achievable gain** (normalised peak gain <
+  :data:`STALL_GAIN`): a run that never learns cannot collapse, and is never reported as
+  "did not collapse";
 - ``ok``: none of these.
+
+**Drift** is a flag, not a failure: ``drift`` is True when KL_seq(π‖μ) exceeded
+:data:`KL_SEQ_EXPLOSION` nats at a recorded step (typical sequence ratios beyond e^{10}); a run
+may drift and learn well.
 
 Each criterion is also a boolean column of :func:`run_summary` (a run may meet several; the
 label is the first in the order above). They are used by the training figures and
@@ -67,7 +71,7 @@ LENGTH_BLOWUP = 2.0
 #: divergence explosion: the largest recorded KL_seq(π‖μ) exceeds this many nats
 KL_SEQ_EXPLOSION = 10.0
 #: the failure labels, in the order :func:`failure_label` checks them
-FAILURE_LABELS = ("collapse", "determinism", "length", "stall", "divergence", "ok")
+FAILURE_LABELS = ("collapse", "determinism", "length", "stall", "ok")
 #: columns of :func:`run_summary` (after the grouping columns)
 SUMMARY_COLUMNS = (
     "steps",
@@ -86,9 +90,10 @@ SUMMARY_COLUMNS = (
     "length_start",
     "length_max",
     "gain",
+    "gain_peak",
     "determinism",
     "length_blowup",
-    "divergence_explosion",
+    "drift",
     "stalled",
     "failure",
 )
@@ -129,13 +134,12 @@ def collapsed(J_start: float, J_peak: float, J_final: float, fraction: float = C
     return bool(gain > 0 and (J_peak - J_final) > fraction * gain)
 
 
-def failure_label(
-    collapse: bool, determinism: bool, length_blowup: bool, stalled: bool, explosion: bool
-) -> str:
-    """The first failure met, in the order of :data:`FAILURE_LABELS` (``"ok"`` if none)."""
-    for label, flag in zip(
-        FAILURE_LABELS, (collapse, determinism, length_blowup, stalled, explosion), strict=False
-    ):
+def failure_label(collapse: bool, determinism: bool, length_blowup: bool, stalled: bool) -> str:
+    """The first failure met, in the order of :data:`FAILURE_LABELS` (``"ok"`` if none); a
+    stalled run (it never reached half of its achievable gain) is never labelled
+    ``"collapse"``."""
+    flags = (collapse and not stalled, determinism, length_blowup, stalled)
+    for label, flag in zip(FAILURE_LABELS, flags, strict=False):
         if flag:
             return label
     return "ok"
@@ -178,11 +182,13 @@ def _summarize(run: pd.DataFrame, tail_fraction: float, J_star: float) -> dict:
     l0 = float(rec["length"].iloc[0]) if has["length"] else math.nan
     l_max = float(rec["length"].max()) if has["length"] else math.nan
     gain = normalized_gain(J_final, J_start, J_star) if np.isfinite(J_star) else math.nan
+    gain_peak = normalized_gain(J_peak, J_start, J_star) if np.isfinite(J_star) else math.nan
     low_gain = bool(np.isfinite(gain) and gain < STALL_GAIN)
+    stalled = bool(np.isfinite(gain_peak) and gain_peak < STALL_GAIN)
     collapse = collapsed(J_start, J_peak, J_final)
     determinism = bool(low_gain and h1 < DETERMINISM_ENTROPY * h0)
     blowup = bool(l_max > LENGTH_BLOWUP * l0)
-    explosion = bool(kl_max > KL_SEQ_EXPLOSION)
+    drift = bool(kl_max > KL_SEQ_EXPLOSION)
     return {
         "steps": total,
         "J_start": J_start,
@@ -202,11 +208,12 @@ def _summarize(run: pd.DataFrame, tail_fraction: float, J_star: float) -> dict:
         "length_start": l0,
         "length_max": l_max,
         "gain": gain,
+        "gain_peak": gain_peak,
         "determinism": determinism,
         "length_blowup": blowup,
-        "divergence_explosion": explosion,
-        "stalled": low_gain,
-        "failure": failure_label(collapse, determinism, blowup, low_gain, explosion),
+        "drift": drift,
+        "stalled": stalled,
+        "failure": failure_label(collapse, determinism, blowup, stalled),
     }
 
 
@@ -227,10 +234,12 @@ def run_summary(
     - ``entropy_start`` / ``entropy_final`` (per-token entropy of π over its decision states,
       column ``entropy_decision`` — ``entropy`` if the table has none —, first recorded / tail
       mean), ``length_start`` / ``length_max`` (E|y|, first / largest recorded);
-    - ``gain``: :func:`normalized_gain` of J_final against ``J_star`` (NaN without J*);
-    - the failure flags ``collapsed``, ``determinism``, ``length_blowup``,
-      ``divergence_explosion``, ``stalled`` and the label ``failure`` (module docstring;
-      ``determinism`` and ``stall`` need J*, and are False without it).
+    - ``gain`` / ``gain_peak``: :func:`normalized_gain` of J_final / J_peak against ``J_star``
+      (NaN without J*);
+    - the failure flags ``collapsed`` (lost > half of the best gain, whatever that gain),
+      ``determinism``, ``length_blowup``, ``stalled`` (peak gain < :data:`STALL_GAIN`), the
+      label ``failure`` (module docstring; ``determinism`` and ``stall`` need J*, and are False
+      without it) and the drift flag ``drift`` (not a failure).
 
     ``J_star``: the optimum J* (:func:`optimal_J`), a number for every run, a dict from the
     first grouping column's value to J* (e.g. per T), or None: the table's ``J_star`` column

@@ -24,7 +24,7 @@ from simkit.train.records import records_table
 from simkit.train.rollout import Rollout, TrainState
 from simkit.train.worlds import as_prompts
 
-_FORMAT = 2  # checkpoint format version (2: the rollout's prompts)
+_FORMAT = 3  # checkpoint format (2: the rollout's prompts; 3: version steps, lag in updates)
 _RUN_FILE = "run.json"
 CHECKPOINT_FILE = "checkpoint.npz"
 #: the checkpoint before the last one, kept so that a damaged checkpoint costs one chunk
@@ -61,6 +61,7 @@ def save_checkpoint(out_dir: Path, state: TrainState) -> None:
     meta = {
         "format": _FORMAT,
         "step": state.step,
+        "version_steps": [int(v) for v in state.version_steps],
         "opt_scalars": {k: v for k, v in state.opt_state.items() if not isinstance(v, np.ndarray)},
         "rng_sample": state.rng_sample.bit_generator.state,
         "rng_mismatch": state.rng_mismatch.bit_generator.state,
@@ -123,6 +124,7 @@ def _load_state(out_dir: Path, name: str = CHECKPOINT_FILE) -> TrainState:
         theta=arrays["theta"],
         opt_state=opt_state,
         versions=versions,
+        version_steps=list(meta["version_steps"]),
         rollout=rollout,
         rng_sample=_restore_generator(meta["rng_sample"]),
         rng_mismatch=_restore_generator(meta["rng_mismatch"]),

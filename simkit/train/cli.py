@@ -51,6 +51,7 @@ RUN_DEFAULTS = {
     "N": 1,
     "minibatch_size": 16,
     "lag": 0,
+    "lag_updates": 0,
     "steps": 200,
     "optimizer": "adam",
     "lr": 0.05,
@@ -198,6 +199,13 @@ def register(subparsers) -> argparse.ArgumentParser:
         help="sequences per update; rollout batch = N x this (default %(default)s)",
     )
     g.add_argument("--lag", type=int, default=0, help="rollouts behind (asynchronous RL)")
+    g.add_argument(
+        "--lag-updates",
+        type=int,
+        default=0,
+        help="optimizer updates behind: rollout r is sampled from θ_max(rN − L, 0) (lag and "
+        "staleness N separate; give --lag or --lag-updates)",
+    )
     g.add_argument("--steps", type=int, default=RUN_DEFAULTS["steps"], help="optimizer steps")
     g.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
     g.add_argument("--lr", type=float, default=RUN_DEFAULTS["lr"], help="learning rate")
@@ -265,6 +273,7 @@ INT_OPTIONS = {
     "N": 1,
     "minibatch_size": 1,
     "lag": 0,
+    "lag_updates": 0,
     "steps": 1,
     "record_every": 1,
     "spike_tokens": 1,
@@ -280,6 +289,7 @@ OPTION_NAMES = {
     "TrainConfig.batch": "--N x --minibatch-size",
     "TrainConfig.minibatches": "--N",
     "TrainConfig.steps": "--steps",
+    "TrainConfig.lag_updates": "--lag-updates",
     "TrainConfig.lag": "--lag",
     "TrainConfig.lr": "--lr",
     "TrainConfig.max_grad_norm": "--max-grad-norm",
@@ -427,6 +437,7 @@ def _train_config(args):
             batch=args.N * args.minibatch_size,
             minibatches=args.N,
             lag=args.lag,
+            lag_updates=args.lag_updates,
             optimizer=args.optimizer,
             lr=args.lr,
             max_grad_norm=args.max_grad_norm,
@@ -501,7 +512,8 @@ def _run_report(table, config, J_start: float, J_star: float) -> str:
 
     rec = table[table["recorded"]]
     lines = [
-        f"{config.estimator.name}: N = {config.minibatches}, lag = {config.lag}, mismatch "
+        f"{config.estimator.name}: N = {config.minibatches}, lag = {config.lag_in_updates} "
+        f"updates, mismatch "
         f"{config.mismatch.label}; J(pi_0) = {J_start:.4f}, J* = {J_star:.4g}"
     ]
     if len(rec):

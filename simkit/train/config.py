@@ -50,7 +50,7 @@ __all__ = [
 #: keys of a ``[[mismatch]]`` table (the fields of :class:`simkit.train.Mismatch`)
 MISMATCH_KEYS = tuple(f.name for f in dataclasses.fields(Mismatch))
 #: TrainConfig fields that a training sweep sets per run (swept, or derived from N)
-SWEPT = ("estimator", "batch", "minibatches", "lag", "lr", "mismatch")
+SWEPT = ("estimator", "batch", "minibatches", "lag", "lag_updates", "lr", "mismatch")
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
 #: the parameterisation fields, written by ``to_dict`` only for a non-tabular policy
 _FEATURE_KEYS = ("parameterization", "features", "feature_rank", "feature_seed")
@@ -72,10 +72,11 @@ def mismatch_to_dict(m: Mismatch) -> dict:
 
 
 class SubGrid(Frozen):
-    """One ``[[grids]]`` table of a training sweep: the ``lag``, ``lr`` and ``minibatches``
-    lists of one sub-grid; a key it does not give is the sweep's own list."""
+    """One ``[[grids]]`` table of a training sweep: the ``lag``, ``lag_updates``, ``lr`` and
+    ``minibatches`` lists of one sub-grid; a key it does not give is the sweep's own list."""
 
     lag: one_or_more(NonNegInt) | None = None
+    lag_updates: one_or_more(NonNegInt) | None = None
     lr: one_or_more(_Positive) | None = None
     minibatches: one_or_more(PosInt) | None = None
 
@@ -143,6 +144,7 @@ class TrainSweepConfig(Frozen):
     minibatch_size: PosInt | None = None
     batch: PosInt | None = None
     lag: one_or_more(NonNegInt) = (0,)
+    lag_updates: one_or_more(NonNegInt) = (0,)
     mismatch: Annotated[tuple[Mismatch, ...], Field(min_length=1)] = (Mismatch(),)
     lr: one_or_more(_Positive) = (_DEFAULTS["lr"],)
     optimizer: Literal[OPTIMIZERS] = _DEFAULTS["optimizer"]
@@ -198,6 +200,8 @@ class TrainSweepConfig(Frozen):
             if getattr(self, key) is not None:
                 d[key] = getattr(self, key)
         d["lag"] = list(self.lag)
+        if tuple(self.lag_updates) != (0,):
+            d["lag_updates"] = list(self.lag_updates)
         d["lr"] = list(self.lr)
         for key in _scalars():
             if key in _FEATURE_KEYS and self.parameterization == "tabular":
@@ -223,7 +227,13 @@ class TrainSweepConfig(Frozen):
         return N * self.minibatch_size if self.minibatch_size is not None else self.batch
 
     def train_config(
-        self, estimator, N: int, lag: int = 0, lr: float | None = None, mismatch=None
+        self,
+        estimator,
+        N: int,
+        lag: int = 0,
+        lr: float | None = None,
+        mismatch=None,
+        lag_updates: int = 0,
     ) -> TrainConfig:
         """The :class:`~simkit.train.TrainConfig` of one run."""
         return TrainConfig(
@@ -231,21 +241,24 @@ class TrainSweepConfig(Frozen):
             batch=self.rollout_batch(N),
             minibatches=N,
             lag=lag,
+            lag_updates=lag_updates,
             lr=self.lr[0] if lr is None else lr,
             mismatch=Mismatch() if mismatch is None else mismatch,
             **{name: getattr(self, name) for name in _scalars()},
         )
 
-    def schedules(self) -> list[tuple[int, float, int]]:
-        """The (lag, lr, N) of the runs, in expansion order: the product lag × lr × N, or with
-        ``grids`` the union of the sub-grids' products (first appearance kept)."""
+    def schedules(self) -> list[tuple[int, float, int, int]]:
+        """The (lag, lr, N, lag_updates) of the runs, in expansion order: the product lag ×
+        lag_updates × lr × N, or with ``grids`` the union of the sub-grids' products (first
+        appearance kept)."""
         grids = self.grids or (SubGrid(),)
         out: dict[tuple, None] = {}
         for g in grids:
             for lag in g.lag or self.lag:
-                for lr in g.lr or self.lr:
-                    for N in g.minibatches or self.minibatches:
-                        out[(lag, lr, N)] = None
+                for lag_u in g.lag_updates or self.lag_updates:
+                    for lr in g.lr or self.lr:
+                        for N in g.minibatches or self.minibatches:
+                            out[(lag, lr, N, lag_u)] = None
         return list(out)
 
     def runs(self):
@@ -254,9 +267,9 @@ class TrainSweepConfig(Frozen):
         schedules = self.schedules()
         for T in self.environment.lengths:
             for mismatch in self.mismatch:
-                for lag, lr, N in schedules:
+                for lag, lr, N, lag_u in schedules:
                     for est in ests:
-                        cfg = self.train_config(est, N, lag, lr, mismatch)
+                        cfg = self.train_config(est, N, lag, lr, mismatch, lag_u)
                         for seed in self.seeds:
                             yield T, cfg, seed
 
@@ -267,15 +280,16 @@ class TrainSweepConfig(Frozen):
         from simkit.config.errors import ConfigError
 
         ests = [e for ec in self.estimators for e in ec.build()]
-        for lag, lr, N in self.schedules():
+        for lag, lr, N, lag_u in self.schedules():
             for est in ests:
                 try:
-                    self.train_config(est, N, lag, lr)
+                    self.train_config(est, N, lag, lr, lag_updates=lag_u)
                 except (ValueError, TypeError) as exc:
                     where = "minibatch_size" if self.minibatch_size else "batch"
                     message = exc.args[0] if isinstance(exc, KeyError) else str(exc)
                     raise ConfigError(
                         f"{where}: run (estimator {est.name!r}, N = {N}, lag = {lag}, "
+                        f"lag_updates = {lag_u}, "
                         f"lr = {lr!r}): {message}"
                     ) from None
         return self
@@ -286,7 +300,7 @@ class TrainSweepConfig(Frozen):
         ``params``: ``kind = "train"``, the environment at its T, the run's
         :func:`simkit.train.config_dict` and the seed; ``columns``: ``env``, ``T``, ``V``,
         ``estimator``, ``mapping``, ``aggregation``, ``advantage``, ``N``, ``minibatch_size``,
-        ``batch``, ``lag``, ``mismatch`` (its label), ``lr``, ``seed``.
+        ``batch``, ``lag``, ``lag_updates``, ``mismatch`` (its label), ``lr``, ``seed``.
         """
         from simkit.train import config_dict
 
@@ -312,6 +326,7 @@ class TrainSweepConfig(Frozen):
                 "minibatch_size": cfg.minibatch_size,
                 "batch": cfg.batch,
                 "lag": cfg.lag,
+                "lag_updates": cfg.lag_updates,
                 "mismatch": cfg.mismatch.label,
                 "lr": cfg.lr,
                 "seed": int(seed),

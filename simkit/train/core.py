@@ -6,9 +6,11 @@ with the logits L(θ) of ``config.parameterization`` (:mod:`simkit.train.params`
 ``"features"`` (low-rank embeddings); L(θ₀) = ``env.logits``. Gradients w.r.t. the logits
 (exact ∇J, the estimator's ĝ) are pulled back to θ by the chain rule. One **rollout**:
 
-1. the behaviour parameters θ_b are the trainer's θ at the start of the rollout ``lag``
-   rollouts ago (asynchronous RL: the generator runs ``lag`` policy versions behind; the first
-   rollouts use θ_0);
+1. the behaviour parameters θ_b are the trainer's θ ``lag_updates`` = L optimizer updates
+   before the rollout starts, θ_{max(rN − L, 0)} (asynchronous RL, lag counted in updates; the
+   first rollouts use θ_0; the older ``lag`` = k counts rollouts, L = kN). Every row records
+   ``policy_age`` (min/mean/max over the mini-batch; one behaviour per rollout here, so the
+   three agree): the updates between θ_b and the θ being updated, rN + j − max(rN − L, 0);
 2. the inference engine serves μ = :func:`~simkit.train.mismatch.behaviour_log_probs` (θ_b,
    ``mismatch``): μ = π_b without mismatch, else noisy / rounded / spiked;
 3. ``batch`` sequences y ~ μ are drawn (:func:`simkit.envs.sample_tokens`, vectorised), their
@@ -98,6 +100,7 @@ from simkit.train.records import COLUMNS, records_table
 from simkit.train.rollout import (
     group_size_of,
     initial_state,
+    keep_version,
     new_rollout,
     optimizer_step,
     policy_logits,
@@ -225,6 +228,7 @@ def train(
     N = config.minibatches
     try:
         while state.step < end:
+            keep_version(state, config)
             if state.step % N == 0:
                 state.rollout = new_rollout(env, config, param, state, state.step // N)
             s = state.step

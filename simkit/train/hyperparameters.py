@@ -38,7 +38,16 @@ class TrainConfig:
     batch : sequences per rollout (the global batch, ≥ 1).
     minibatches : N ≥ 1 updates per rollout; ``batch`` must be a multiple of N. N = 1 is
         on-policy (up to lag and mismatch).
-    lag : k ≥ 0: rollouts are generated from the trainer's parameters k rollouts old.
+    lag_updates : L ≥ 0, the asynchronous lag **in optimizer updates**: rollout r (starting at
+        step rN) is generated from θ_{max(rN − L, 0)}, the trainer's parameters L updates
+        before the rollout starts (the first rollouts, while rN < L, use θ₀). Mini-batch j of
+        the rollout is then updated by π_{rN+j} on samples of a policy
+        ``policy_age`` = rN + j − max(rN − L, 0) updates old (L + j once rN ≥ L): lag and
+        staleness N are separate axes.
+    lag : k ≥ 0, the lag **in rollouts** (a generator k rollouts behind): the same as
+        ``lag_updates = k·N``, so that at fixed k the policy age grows with N (kN + j) — lag
+        and staleness confounded. Kept for older configs; give at most one of ``lag`` and
+        ``lag_updates``.
     optimizer : ``"adam"`` or ``"sgd"``; ``lr``, ``beta1``, ``beta2``, ``adam_eps``: its
         hyperparameters (betas/eps for Adam only).
     max_grad_norm : clip the update direction to this Euclidean norm (None: no clipping).
@@ -59,6 +68,7 @@ class TrainConfig:
     batch: int = 64
     minibatches: int = 1
     lag: int = 0
+    lag_updates: int = 0
     optimizer: str = "adam"
     lr: float = 1e-2
     beta1: float = 0.9
@@ -80,6 +90,7 @@ class TrainConfig:
             ("batch", 1),
             ("minibatches", 1),
             ("lag", 0),
+            ("lag_updates", 0),
             ("record_every", 1),
             ("features", 1),
             ("feature_rank", 1),
@@ -87,6 +98,12 @@ class TrainConfig:
         ):
             object.__setattr__(
                 self, name, int_at_least(getattr(self, name), f"TrainConfig.{name}", low)
+            )
+        if self.lag and self.lag_updates:
+            raise ValueError(
+                f"TrainConfig: give at most one of lag (in rollouts, = {self.lag}) and "
+                f"lag_updates (in optimizer updates, = {self.lag_updates}); lag = k is "
+                "lag_updates = k·minibatches"
             )
         if self.batch % self.minibatches:
             raise ValueError(
@@ -135,6 +152,11 @@ class TrainConfig:
     def minibatch_size(self) -> int:
         """Sequences per optimizer step (batch / minibatches)."""
         return self.batch // self.minibatches
+
+    @property
+    def lag_in_updates(self) -> int:
+        """The lag L in optimizer updates: ``lag_updates``, or ``lag``·N for a rollout lag."""
+        return self.lag_updates + self.lag * self.minibatches
 
     @property
     def rollouts(self) -> int:

@@ -18,7 +18,11 @@ COLUMNS = {
     "step": "optimizer step s (0-based); the row describes π_s, the policy before update s",
     "rollout": "rollout index r = s // N",
     "minibatch": "mini-batch j = s % N inside the rollout",
-    "staleness": "updates between μ's parameters and π_s: (r − max(r − lag, 0))·N + j",
+    "staleness": "updates between μ's parameters and π_s (= policy_age_mean; older name)",
+    "policy_age_min": "policy age, smallest over the mini-batch: updates between the θ that "
+    "sampled a sequence and π_s, s − max(rN − L, 0) with L the lag in updates",
+    "policy_age_mean": "policy age, mean over the mini-batch's sequences",
+    "policy_age_max": "policy age, largest over the mini-batch",
     "recorded": "True where the exact (DP) columns below were computed",
     "J": "J(π_s) = E_π[R], exact (DP)",
     "grad_J_norm": "‖∇J(π_s)‖, exact (DP)",
@@ -141,6 +145,9 @@ def records_table(rows: list[dict]) -> pd.DataFrame:
             "rollout": np.int64,
             "minibatch": np.int64,
             "staleness": np.int64,
+            "policy_age_min": np.int64,
+            "policy_age_mean": np.float64,
+            "policy_age_max": np.int64,
             "recorded": bool,
         }
     )

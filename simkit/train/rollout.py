@@ -42,7 +42,7 @@ class Rollout:
     log_mu: np.ndarray  # (T, P, V)
     log_old: np.ndarray  # (T, P, V) log π_old: the trainer's θ at the start of the rollout
     log_old_tok: np.ndarray  # (B, T) log π_old(y_t | t, s_t), 0 on padding
-    behind: int  # rollouts between θ_b and the trainer's θ at rollout time
+    behind: int  # optimizer updates between θ_b and the trainer's θ at rollout time
     prompt: np.ndarray  # (B,) int64: the prompt of each row (all 0 for one TokenMDP)
 
     _ARRAYS = (
@@ -62,16 +62,22 @@ class Rollout:
 
 @dataclass
 class TrainState:
-    """Everything a checkpoint stores: the step, θ, the optimizer state, θ at the start of the
-    last lag + 1 rollouts, the in-flight rollout and the two random generators."""
+    """Everything a checkpoint stores: the step, θ, the optimizer state, the past θ that
+    later rollouts will be sampled from (:func:`keep_version`), the in-flight rollout and the
+    two random generators."""
 
     step: int
     theta: np.ndarray
     opt_state: dict
-    versions: list  # θ at the start of the last lag + 1 rollouts, oldest first
+    versions: list  # θ_s at the steps s of version_steps, oldest first
     rollout: Rollout | None
     rng_sample: np.random.Generator
     rng_mismatch: np.random.Generator
+    version_steps: list = None  # the step s of each entry of versions
+
+    def __post_init__(self):
+        if self.version_steps is None:
+            self.version_steps = []
 
 
 def _generators(seed) -> tuple[np.random.Generator, np.random.Generator]:
@@ -104,17 +110,49 @@ def initial_state(
 # --- one rollout, one step ----------------------------------------------------------------------
 
 
+def behaviour_step(rollout: int, N: int, lag_updates: int) -> int:
+    """The step b = max(rN − L, 0) whose parameters θ_b generate rollout r (N mini-batches
+    per rollout, lag L in optimizer updates)."""
+    return max(rollout * N - lag_updates, 0)
+
+
+def policy_age(step: int, N: int, lag_updates: int) -> int:
+    """Optimizer updates between the policy that sampled the mini-batch of ``step`` and the
+    policy π_step being updated on it: s − max(⌊s/N⌋·N − L, 0) (= j at lag 0, L + j once the
+    rollout starts at or after step L)."""
+    return step - behaviour_step(step // N, N, lag_updates)
+
+
+def keep_version(state: TrainState, config: TrainConfig) -> None:
+    """Before the update of ``state.step``: keep θ_s if a later rollout will be sampled from
+    it (s = max(r'N − L, 0) for some rollout r'), so that the lag costs one θ per rollout in
+    flight, not one per update."""
+    s, N, L = state.step, config.minibatches, config.lag_in_updates
+    needed = s == 0 or ((s + L) % N == 0 and s + L >= N)
+    if needed and (not state.version_steps or state.version_steps[-1] != s):
+        state.versions.append(state.theta.copy())
+        state.version_steps.append(s)
+
+
 def new_rollout(
     env: TokenMDP, config: TrainConfig, param: Parameterization, state: TrainState, index: int
 ) -> Rollout:
-    """Rollout ``index``: θ_b = θ ``lag`` rollouts ago, μ = the engine's policy of θ_b (through
-    ``config.mismatch``), ``config.batch`` sequences y ~ μ (each prompt's rows from its own
-    automaton), their rewards and advantages (the ``oracle`` baselines exact), and log μ and
-    log π_old of every drawn token. Appends θ to ``state.versions``."""
-    state.versions.append(state.theta.copy())
-    del state.versions[: max(len(state.versions) - (config.lag + 1), 0)]
+    """Rollout ``index``: θ_b = θ of step b = max(rN − L, 0) (:func:`behaviour_step`, L the
+    lag in updates), μ = the engine's policy of θ_b (through ``config.mismatch``),
+    ``config.batch`` sequences y ~ μ (each prompt's rows from its own automaton), their rewards
+    and advantages (the ``oracle`` baselines exact), and log μ and log π_old of every drawn
+    token. Drops the kept versions older than θ_b (:func:`keep_version` keeps them)."""
+    N = config.minibatches
+    b = behaviour_step(index, N, config.lag_in_updates)
+    keep_version(state, config)
+    drop = sum(1 for v in state.version_steps if v < b)
+    del state.versions[:drop], state.version_steps[:drop]
+    if not state.version_steps or state.version_steps[0] != b:
+        raise RuntimeError(
+            f"rollout {index}: θ of step {b} was not kept (kept: {state.version_steps})"
+        )
     theta_b = state.versions[0]
-    behind = len(state.versions) - 1
+    behind = index * N - b
     log_mu = behaviour_log_probs(param.logits(theta_b), config.mismatch, state.rng_mismatch)
     mu = np.exp(log_mu)
     envs = as_prompts(env)
@@ -233,7 +271,10 @@ def optimizer_step(
         "step": state.step,
         "rollout": ro.index,
         "minibatch": j,
-        "staleness": ro.behind * N + j,
+        "staleness": ro.behind + j,
+        "policy_age_min": ro.behind + j,
+        "policy_age_mean": float(ro.behind + j),
+        "policy_age_max": ro.behind + j,
         "recorded": record,
     }
     exact = dict.fromkeys(EXACT_COLUMNS, math.nan)
