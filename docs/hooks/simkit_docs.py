@@ -121,16 +121,47 @@ def _notebook_key(script: Path) -> str:
     )
 
 
-def executed_notebooks(scripts: list[Path]) -> dict[Path, Path]:
-    """script -> executed .ipynb in the cache, executing (in parallel) the ones not cached."""
+def notebook_cache_dir() -> Path:
     from simkit.figures import cache
-    from simkit.figures.runner import available_cpus
 
     folder = cache.default_cache_dir() / "notebooks"
     if not folder.is_absolute():
         folder = ROOT / folder
     folder.mkdir(parents=True, exist_ok=True)
-    targets = {s: folder / f"{s.stem}-{_notebook_key(s)[:20]}.ipynb" for s in scripts}
+    return folder
+
+
+def cached_notebook(script: Path) -> Path:
+    """Where the executed ``script`` is cached (its key: script, code, libraries, executor)."""
+    return notebook_cache_dir() / f"{script.stem}-{_notebook_key(script)[:20]}.ipynb"
+
+
+def store_executed(script: Path, nb) -> Path:
+    """Cache a notebook executed elsewhere — by ``tests/test_notebooks.py``, with the same
+    settings as ``execute_notebook.py`` (``SIMKIT_FAST=1``, errors not allowed) — so that the
+    site build renders it instead of executing the script again: ``make test`` executes each
+    notebook once. The kernelspec is normalised as the executor does."""
+    import nbformat
+
+    nb = nbformat.from_dict(nb)
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3 (ipykernel)",
+        "language": "python",
+    }
+    target = cached_notebook(script)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    nbformat.write(nb, tmp)
+    os.replace(tmp, target)
+    return target
+
+
+def executed_notebooks(scripts: list[Path]) -> dict[Path, Path]:
+    """script -> executed .ipynb in the cache, executing (in parallel) the ones not cached."""
+    from simkit.figures.runner import available_cpus
+
+    folder = notebook_cache_dir()
+    targets = {s: cached_notebook(s) for s in scripts}
     todo = [s for s, t in targets.items() if not t.exists()]
     jobs = int(os.environ.get("SIMKIT_DOCS_JOBS", "0")) or available_cpus()
     running: dict[Path, tuple[subprocess.Popen, float]] = {}
