@@ -2,8 +2,8 @@
 
 A trainer's "GRPO" or "VESPO" is more than a weight mapping: it is a mapping with its
 hyperparameters, an aggregation (how the token terms are normalised) and an advantage. The
-recipes below are the combinations the papers describe (reference sheet
-``shared/reference/weight-mappings.md``, sections B–E), all with the GRPO group advantage
+recipes below are the combinations the papers describe (notation page
+``docs/reference.md``, sections B–E), all with the GRPO group advantage
 A = (R − mean_G)/(std_G + ε) over groups of G consecutive responses:
 
 =========  =============================  ======================  =================================
