@@ -426,7 +426,7 @@ def lesson_banner(script: Path, page, files) -> str:
         info = notebook_header(script)
         items.append(
             f"<strong>Study time</strong>: about {_hours(study_minutes(script))} "
-            f"(execution: {html_escape(info['runtime'].split(' (')[0])})"
+            f"(execution: {_inline_code(info['runtime'].split(' (')[0])})"
         )
         sol = solution_of(script)
         if sol is not None:
@@ -446,6 +446,11 @@ def lesson_banner(script: Path, page, files) -> str:
         '<div class="admonition info simkit-lesson"><p class="admonition-title">This lesson</p>'
         f"<ul>{body}</ul></div>"
     )
+
+
+def _inline_code(text: str) -> str:
+    """HTML of a header snippet: escaped, its `code` spans as <code>."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html_escape(text))
 
 
 def html_escape(text: str) -> str:
