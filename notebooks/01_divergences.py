@@ -119,7 +119,7 @@ assert abs(divergence.tv(pi, mu_top6) - cut_mass) < 1e-12
 # %% [markdown]
 # ## 2. The Pinsker chain
 #
-# For every pair of distributions (reference sheet §F):
+# For every pair of distributions (notation page §F, `docs/reference.md`):
 #
 # $$\mathrm{TV}^2 \;\le\; \tfrac12\,\mathrm{KL} \;\le\; \tfrac12\log(1+\chi^2)
 #   \;\le\; \tfrac12\,\chi^2 .$$

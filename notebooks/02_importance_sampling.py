@@ -158,7 +158,7 @@ plt.show()
 #   \;\xrightarrow[n\to\infty]{}\; \frac{(\mathbb{E}_\mu w)^2}{\mathbb{E}_\mu w^2}
 #   = \frac{1}{1+\chi^2}.$$
 #
-# (reference sheet §F; Kong 1992.) `divergence.ess(log_w)` computes it in log space, and
+# (notation page §F; Kong 1992.) `divergence.ess(log_w)` computes it in log space, and
 # `theory.expected_ess(n, chi2)` is the limit n/(1+χ²). Below, μ is dialed to several χ² and
 # the sample ESS/n is compared with 1/(1+χ²); its SE comes from the delta method on
 # (w̄, mean w²), whose covariance is estimated from the same draws.
@@ -218,7 +218,7 @@ assert table.loc[table.mapping == "is_seq", "bias"].iloc[0] < 1e-12  # IS is unb
 # The mean stays 1 while the *typical* weight e^{E log W} shrinks exponentially: the mean is
 # carried by rarer and rarer, larger and larger weights. log W is a sum of T terms, so W is
 # roughly log-normal — heavy-tailed. (`theory.seq_is_second_moment` gives (1+χ²)^T; with
-# χ² = 0.05 and T = 200 it is ≈ 17 293, reference sheet §F.)
+# χ² = 0.05 and T = 200 it is ≈ 17 293, notation page §F.)
 
 # %%
 CHI2_TOK = 0.05
@@ -281,7 +281,7 @@ assert long["k̂"] > 0.7  # and k̂ says so
 # 2024) fits a generalised Pareto distribution to the largest weights. Its shape k describes
 # the tail, P(w > t) ∼ t^{−1/k}: moments of order below 1/k exist, so **the variance is
 # finite iff k < ½**. The rule of thumb: k̂ < 0.5 fine, 0.5–0.7 usable with smoothing,
-# > 0.7 unreliable (reference sheet §A). simkit wraps the arviz-stats implementation as
+# > 0.7 unreliable (notation page §A). simkit wraps the arviz-stats implementation as
 # `mappings.psis_khat(log_w)` and `mappings.psis_smooth(log_w)` (the `psis` mapping uses it).
 #
 # A case where the truth is known in closed form: π = N(0, 1), μ = N(0, σ²) with σ < 1 (the

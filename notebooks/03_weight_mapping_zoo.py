@@ -20,7 +20,7 @@
 # policy losses of LLM reinforcement learning look different on paper. This notebook shows
 # that they differ in one thing only: the **coefficient** c that each one puts in front of
 # A·∇log π for every token. simkit's registry (`simkit.mappings`) implements the whole
-# catalogue of the reference sheet behind one contract; here we walk through it, draw every
+# catalogue of the notation page behind one contract; here we walk through it, draw every
 # mapping, regenerate the kernel figure of the VESPO paper, and check with torch that each
 # loss is, gradient-wise, a supervised fine-tuning loss with per-token weights.
 #
@@ -72,7 +72,7 @@ pd.set_option("display.max_colwidth", 60)
 #
 # Write r_t = π(y_t|s_t)/μ(y_t|s_t) for the token ratio, W = Π_t r_t for the sequence ratio
 # and s = exp((1/|y|) Σ_t log r_t) for their geometric mean. Every policy loss of the
-# catalogue (reference sheet `weight-mappings.md`) produces the gradient
+# catalogue (notation page, `docs/reference.md`) produces the gradient
 #
 # $$g = \frac1Z \sum_i \sum_t c_{i,t}\, A_i\, \nabla_\theta \log \pi_\theta(y_{i,t}\mid s_{i,t}),
 #   \qquad y_i \sim \mu,$$

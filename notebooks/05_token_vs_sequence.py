@@ -103,10 +103,10 @@ assert np.allclose(env.grad_J(), grad_enum, atol=1e-12)
 #
 # $$\mathbb{E}_\mu[W^2] = (1+\chi^2)^T, \qquad \chi^2_{\text{seq}} = (1+\chi^2)^T - 1,$$
 #
-# exponential in $T$ (reference sheet §A/§F; rl-collapse, Liu, Li et al. 2025, part 2:
+# exponential in $T$ (notation page §A/§F; rl-collapse, Liu, Li et al. 2025, part 2:
 # Seq-IS variance $O((1+\chi^2_{\max})^T)$). `env.chi2_seq(mu)` computes $\mathbb{E}_\mu[W^2]$
 # exactly for any automaton with a transfer-matrix recursion (kernel $\pi^2/\mu$). The
-# numbers quoted in the reference sheet: $1.01^{200} \approx 7.3$, $1.05^{200} \approx 17\,293$.
+# numbers quoted on the notation page (§F): $1.01^{200} \approx 7.3$, $1.05^{200} \approx 17\,293$.
 
 # %%
 assert abs(theory.seq_is_second_moment(0.01, 200) - 7.3) < 0.05

@@ -95,8 +95,8 @@ print(DEFAULT)
 # **Solution.** The objective is convex in $Q$ (KL is convex, the rest is linear) and the
 # constraints are linear, so the KKT conditions are sufficient. With a multiplier
 # $\lambda \ge 0$ for the budget and $\nu$ for $\sum_y Q(y) = 1$, stationarity of the
-# Lagrangian in $Q(y)$ reads $\log\frac{Q(y)}{\mu(y)} + 1 - \alpha\log W(y) + \lambda W(y)
-# + \nu = 0$, hence
+# Lagrangian in $Q(y)$ reads
+# $\log\frac{Q(y)}{\mu(y)} + 1 - \alpha\log W(y) + \lambda W(y) + \nu = 0$, hence
 #
 # $$Q^\star(y) = \frac{\mu(y)\,W(y)^{\alpha}\,e^{-\lambda W(y)}}{Z_\lambda},\qquad
 #   Z_\lambda = \mathbb{E}_\mu\big[W^\alpha e^{-\lambda W}\big],$$

@@ -475,7 +475,7 @@ def ess(log_w) -> np.ndarray:
 
     Computed in log space as exp(2·logsumexp(log w) − logsumexp(2 log w)), so unnormalised
     and huge log-weights are fine. For independent weights with E[w] = 1, ESS ≈ n/(1 + χ²)
-    (Kish 1965; reference sheet §F). A row whose weights are all zero gives 0.
+    (Kish 1965; notation page §F). A row whose weights are all zero gives 0.
 
     log_w: (…, n) log-weights along the last axis (−inf allowed). Returns (…).
     """

@@ -1,6 +1,6 @@
 """Policy-gradient estimators: weight mapping × aggregation × advantage → per-token weights λ.
 
-Every estimator of the reference sheet (``shared/reference/weight-mappings.md``) is
+Every estimator of the notation page (``docs/reference.md``, the website) is
 
     ĝ = Σ_i Σ_t λ_{i,t} ∇θ log πθ(y_{i,t} | s_{i,t}),     λ_{i,t} = c_{i,t} · A_i / Z_i,
 

@@ -738,7 +738,7 @@ def dial_pair(pi, kl: float, chi2: float, *, n_tail: int = 1, return_params: boo
     For each angle θ the strength s(θ) with KL = ``kl`` is unique (KL increases with s for an
     exponential tilt); θ is then solved so that χ² = ``chi2`` (scan of 17 angles in [0, π/2]
     for a bracket, then ``brentq``). Same KL, very different χ²: the hard constraint is
-    KL ≤ log(1 + χ²) (Jensen, reference sheet §F), and at a fixed KL the tilt reaches χ² from
+    KL ≤ log(1 + χ²) (Jensen, notation page §F), and at a fixed KL the tilt reaches χ² from
     about its flattening end (θ = 0) to its tail-starving end (θ = π/2), larger the rarer π's
     rarest tokens are.
 

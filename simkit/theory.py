@@ -1,4 +1,4 @@
-"""Closed-form bounds and curves of the reference sheet (section F and the VESPO facts).
+"""Closed-form bounds and curves of the notation page (section F and the VESPO facts).
 
 Pure numpy/scipy: every function is a formula from a paper, named after the quantity it returns,
 with the paper and equation in its docstring. Arguments broadcast like numpy ufuncs unless a
@@ -6,7 +6,7 @@ docstring says otherwise.
 
 Sources
 -------
-- Pinsker's inequality and Jensen: TV² ≤ ½·KL ≤ ½·log(1+χ²) ≤ ½·χ² (reference sheet F).
+- Pinsker's inequality and Jensen: TV² ≤ ½·KL ≤ ½·log(1+χ²) ≤ ½·χ² (notation page F).
 - rl-collapse: J. Liu, Y. Li, Y. Fu, J. Wang, Q. Liu, Y. Shen, "When Speed Kills Stability:
   Demystifying RL Collapse from the Training-Inference Mismatch" (blog series, 2025;
   https://richardli.xyz/rl-collapse, Part 2: "Token v.s. Sequence-level Correction").
@@ -77,7 +77,7 @@ def _out(x: np.ndarray):
 
 @dataclass(frozen=True)
 class PinskerChain:
-    """The four members of TV² ≤ ½KL ≤ ½log(1+χ²) ≤ ½χ², each of shape (…) (reference sheet F).
+    """The four members of TV² ≤ ½KL ≤ ½log(1+χ²) ≤ ½χ², each of shape (…) (notation page F).
 
     ``tv_sq`` = TV(π,μ)², ``half_kl`` = ½KL(π‖μ), ``half_log1p_chi2`` = ½log(1+χ²(π‖μ)),
     ``half_chi2`` = ½χ²(π‖μ).
@@ -151,8 +151,8 @@ def seq_is_second_moment(chi2_tok, T):
     """E_μ[W²] = (1+χ²)^T for a sequence of T independent tokens with per-token χ²(π‖μ).
 
     With W = Π_t r_t and independent positions, E_μ[W²] = Π_t E_μ[r_t²] = Π_t (1+χ²_t)
-    (reference sheet A and F; rl-collapse Part 2, Seq-IS variance O((1+χ²_max)^T)). Computed in
-    log space as exp(T·log1p(χ²)). Examples (reference sheet F): χ²=0.01, T=200 ⇒ ≈ 7.3;
+    (notation page A and F; rl-collapse Part 2, Seq-IS variance O((1+χ²_max)^T)). Computed in
+    log space as exp(T·log1p(χ²)). Examples (notation page F): χ²=0.01, T=200 ⇒ ≈ 7.3;
     χ²=0.05, T=200 ⇒ ≈ 17 293.
 
     Parameters
@@ -174,7 +174,7 @@ def seq_is_second_moment(chi2_tok, T):
 def seq_is_variance(chi2_tok, T):
     """Var_μ(W) = (1+χ²)^T − 1 for T independent tokens (since E_μ[W] = 1).
 
-    This is χ²_seq, the sequence-level χ²(π‖μ) (reference sheet F: 1+χ²_seq = Π(1+χ²_t)).
+    This is χ²_seq, the sequence-level χ²(π‖μ) (notation page F: 1+χ²_seq = Π(1+χ²_t)).
     Computed as expm1(T·log1p(χ²)), accurate for tiny values.
 
     Shapes as :func:`seq_is_second_moment`.

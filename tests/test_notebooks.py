@@ -418,8 +418,30 @@ def test_execution_check_flags_a_figure_that_fails_to_render(kernel_spec_manager
     assert len(problems) == 1 and problems[0].startswith("cell 0: ValueError"), problems
 
 
+def store_for_the_site(script: Path, nb: nbformat.NotebookNode) -> None:
+    """Hand an executed notebook to the website build (``docs/hooks/simkit_docs.py``), which
+    then renders it instead of executing the script a second time. Without mkdocs (the
+    ``docs`` extra) there is no site build to hand it to."""
+    try:
+        import mkdocs  # noqa: F401
+    except ImportError:
+        return
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "simkit_docs_hook", ROOT / "docs" / "hooks" / "simkit_docs.py"
+    )
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    hook.store_executed(script, nb)
+
+
+# One xdist worker executes the notebooks and then builds the site (tests/test_site_browser.py,
+# the same group, collected after this file): the build finds every notebook executed here.
+@pytest.mark.xdist_group("site")
 @pytest.mark.parametrize("script", SCRIPTS, ids=IDS)
 def test_notebook_executes(script, kernel_spec_manager):
     nb = execute_script(script, kernel_spec_manager)
     problems = error_outputs(nb)
     assert not problems, f"{script.name}: errors in cell outputs:\n" + "\n".join(problems)
+    store_for_the_site(script, nb)

@@ -4,9 +4,18 @@ The build (``mkdocs build --strict``: a warning, a broken link or a missing imag
 goes into a temporary directory, which is served on localhost. Chromium (Debian's
 ``chromium`` + ``chromium-driver``; nothing is downloaded) then opens the home page, the mapping
 catalogue, a rendered notebook and an API page: each must load with no console error and
-every image on it must load; the site search must find ``vespo``. Screenshots are saved in the
-test's temporary directory. Without Chromium the browser test is skipped — and fails when
-``CI=true``, where ``.ci/run`` installs it.
+every image on it must load; the site search must find ``vespo``.
+
+What a reader sees, on **every** page of the site, once MathJax has typeset it: no raw TeX
+(``$…$``, ``\\(…\\)``, ``\\frac`` …) left in the text outside code, every arithmatex span
+typeset, no MathJax error, no raw Sphinx role (``:func:``), navigation and table-of-contents
+titles free of TeX; no ``<script src="">`` in any page; the syllabus table has one row per
+lesson. Screenshots of a notebook page and of the catalogue are written to
+``site/browser-test/`` (a CI artifact; ``site/`` is git-ignored).
+
+``SIMKIT_TEST_SITE=DIR`` checks an already built site instead of building one (for example the
+site of an older commit, to see these checks fail on it). Without Chromium the browser tests
+are skipped — and fail when ``CI=true``, where ``.ci/run`` installs it.
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ from __future__ import annotations
 import functools
 import http.server
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -39,13 +49,14 @@ CHROMIUM_FLAGS = [
     "--window-size=1280,900",
 ]
 PAGES = {
-    "home": "",
-    "catalogue": "catalogue/",
-    "notebook": "notebooks/04_bandit_bias_variance/",
-    "api": "api/mappings/",
-    "config api": "api/config/",
-    "architecture": "architecture/",
+    "home": "index.html",
+    "catalogue": "catalogue.html",
+    "notebook": "notebooks/04_bandit_bias_variance.html",
+    "api": "api/mappings.html",
+    "config api": "api/config.html",
+    "architecture": "architecture.html",
 }
+ARTIFACTS = ROOT / "site" / "browser-test"  # screenshots kept for CI (site/ is git-ignored)
 
 
 def _find(*names: str) -> str | None:
@@ -58,6 +69,8 @@ def _find(*names: str) -> str | None:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
+    if os.environ.get("SIMKIT_TEST_SITE"):
+        return Path(os.environ["SIMKIT_TEST_SITE"]).resolve()
     out = tmp_path_factory.mktemp("site")
     env = {**os.environ, "MPLBACKEND": "Agg", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
@@ -72,24 +85,43 @@ def site(tmp_path_factory) -> Path:
     return out
 
 
+def _page_file(site: Path, page: str) -> Path:
+    """The HTML file of ``page`` (``a/b.html``), in either URL layout."""
+    flat = site / page
+    return flat if flat.is_file() else site / page.removesuffix(".html") / "index.html"
+
+
+def site_pages(site: Path) -> list[str]:
+    """Every content page of the built site, as a path relative to it."""
+    skip = ("assets/", "search/", "404.html", "downloads/", "figures/", "browser-test/")
+    return sorted(
+        p.relative_to(site).as_posix()
+        for p in site.rglob("*.html")
+        if not p.relative_to(site).as_posix().startswith(skip) and p.name != "404.html"
+    )
+
+
 def test_site_builds_strictly_with_every_page(site):
     for page in PAGES.values():
-        assert (site / page / "index.html").is_file(), page
+        assert _page_file(site, page).is_file(), page
     assert (site / "search" / "search_index.json").is_file()
-    catalogue = (site / "catalogue" / "index.html").read_text()
+    catalogue = _page_file(site, "catalogue.html").read_text()
     from simkit import mappings
 
     for name in mappings.available():  # generated from the registry: every mapping is there
         assert f'id="{name.replace("_", "-")}"' in catalogue, name
-    course = (site / "course" / "index.html").read_text()
+    course = _page_file(site, "course/index.html").read_text()
     solutions = list((ROOT / "notebooks" / "solutions").glob("*_solutions.py"))
     assert solutions and course.count("Solutions (try the exercises first)") == len(solutions)
 
 
 @pytest.fixture(scope="module")
 def server(site):
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
-    handler.log_message = lambda *a, **k: None
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args, **kwargs):
+            pass
+
+    handler = functools.partial(Quiet, directory=str(site))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -161,8 +193,11 @@ def page_problems(browser, url: str) -> tuple[list[str], list]:
 
 
 @pytest.mark.parametrize("page", list(PAGES))
-def test_page_loads_without_console_errors_and_with_every_image(browser, server, page, tmp_path):
-    problems, images = page_problems(browser, server + PAGES[page])
+def test_page_loads_without_console_errors_and_with_every_image(
+    browser, server, site, page, tmp_path
+):
+    path = _page_file(site, PAGES[page]).relative_to(site).as_posix()
+    problems, images = page_problems(browser, server + path)
     assert "404" not in browser.title
     assert not problems, f"{page}: " + "; ".join(problems)
     if page in ("home", "notebook"):
@@ -197,3 +232,135 @@ def test_site_search_finds_vespo(browser, server, tmp_path):
     assert any("vespo" in r.lower() for r in results), results[:5]
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, f"search: console errors: {errors}"
+
+
+# --------------------------------------------------------------------------- what a reader sees
+
+#: TeX a reader should never see as text: $…$ / $$…$$, \\( \\) \\[ \\], and common macros
+RAW_TEX = re.compile(
+    r"\$\$|\$[^$\s][^$\n]{0,300}?\$|\\[()\[\]]|\\(?:frac|mathrm|mathbb|mathcal|operatorname|"
+    r"chi|pi|mu|lambda|varphi|star|sum|prod|left|right|cdot|sqrt|text|le|ge|infty)\b"
+)
+RAW_ROLE = re.compile(r":(?:func|class|meth|mod|attr|data|obj|exc):")
+TEX_IN_TITLE = re.compile(r"[$\\]")
+
+READER_JS = """
+const done = arguments[arguments.length - 1];
+const ready = (window.MathJax && MathJax.startup && MathJax.startup.promise) || Promise.resolve();
+ready.then(() => {
+  const root = document.querySelector('article') || document.body;
+  const clone = root.cloneNode(true);
+  clone.querySelectorAll('pre, code, mjx-container, script, style, textarea, .highlight, ' +
+      '.highlight-ipynb, .jp-InputArea-editor')
+    .forEach(e => e.remove());
+  const titles = Array.from(document.querySelectorAll(
+      '.md-nav__link, .md-nav__title, .md-footer__title, title'))
+    .map(e => e.textContent.trim()).filter(t => t);
+  done({
+    text: clone.textContent,
+    titles: titles.concat([document.title]),
+    arithmatex: document.querySelectorAll('.arithmatex').length,
+    untypeset: Array.from(document.querySelectorAll('.arithmatex'))
+      .filter(e => !e.querySelector('mjx-container')).length,
+    maths: document.querySelectorAll('mjx-container').length,
+    errors: document.querySelectorAll('mjx-merror').length,
+    mathjax: !!(window.MathJax && MathJax.startup),
+  });
+}).catch(e => done({error: String(e)}));
+"""
+
+
+def _snippets(pattern: re.Pattern, text: str, limit: int = 5) -> list[str]:
+    return [
+        " ".join(text[max(0, m.start() - 40) : m.end() + 40].split())
+        for m in list(pattern.finditer(text))[:limit]
+    ]
+
+
+def reader_problems(browser, url: str) -> tuple[list[str], dict]:
+    """What a reader of the page at ``url`` would see wrong, and the raw observations."""
+    browser.get(url)
+    _wait(lambda: browser.execute_script("return document.readyState") == "complete")
+    browser.set_script_timeout(60)
+    seen = browser.execute_async_script(READER_JS)
+    if "error" in seen:
+        return [f"MathJax failed: {seen['error']}"], seen
+    problems = []
+    tex = RAW_TEX.findall(seen["text"])
+    if tex:
+        problems.append(f"{len(tex)} raw TeX spans, e.g. {_snippets(RAW_TEX, seen['text'])}")
+    roles = RAW_ROLE.findall(seen["text"])
+    if roles:
+        problems.append(f"{len(roles)} raw Sphinx roles, e.g. {_snippets(RAW_ROLE, seen['text'])}")
+    if seen["untypeset"]:
+        problems.append(f"{seen['untypeset']} of {seen['arithmatex']} formulas not typeset")
+    if seen["errors"]:
+        problems.append(f"{seen['errors']} MathJax errors (mjx-merror)")
+    bad_titles = sorted({t for t in seen["titles"] if TEX_IN_TITLE.search(t)})
+    if bad_titles:
+        problems.append(f"TeX in navigation / TOC titles: {bad_titles[:5]}")
+    return problems, seen
+
+
+def test_every_page_shows_rendered_maths_and_no_raw_markup(browser, server, site):
+    pages = site_pages(site)
+    assert len(pages) > 20, pages
+    report, totals = [], {"maths": 0, "pages with maths": 0}
+    for page in pages:
+        problems, seen = reader_problems(browser, server + page)
+        if problems:
+            report.append(f"{page}: " + "; ".join(problems))
+        totals["maths"] += seen.get("maths", 0)
+        totals["pages with maths"] += bool(seen.get("maths"))
+    assert not report, f"{len(report)} of {len(pages)} pages:\n" + "\n".join(report)
+    # maths is typeset (MathJax served by the site), on ordinary and notebook pages alike
+    assert totals["pages with maths"] >= 10, totals
+    for page in ("reference.html", "notebooks/01_divergences.html", "course/index.html"):
+        _, seen = reader_problems(
+            browser, server + _page_file(site, page).relative_to(site).as_posix()
+        )
+        assert seen.get("mathjax") and seen.get("maths", 0) > 0, (page, seen.get("maths"))
+
+
+def test_no_page_loads_an_empty_script(site):
+    empty = re.compile(r"<script[^>]*\bsrc=(\"\"|'')")
+    bad = [p for p in site_pages(site) if empty.search(_page_file(site, p).read_text())]
+    assert not bad, f'<script src=""> in {len(bad)} pages: {bad[:5]}'
+
+
+def test_the_reader_checks_catch_raw_tex_and_roles(browser, server, site):
+    bad = site / "raw-tex-test-page.html"
+    bad.write_text(
+        "<html><head><title>$Q^\\star$</title></head><body><article>"
+        "<p>$$\\chi^2 = \\frac{a}{b}$$ and \\(x\\)</p><p>see :func:<code>run</code></p>"
+        "</article></body></html>"
+    )
+    try:
+        problems, _ = reader_problems(browser, server + bad.name)
+    finally:
+        bad.unlink()
+    text = " ".join(problems)
+    assert "raw TeX" in text and "Sphinx roles" in text and "TeX in navigation" in text, problems
+
+
+def test_syllabus_table_has_one_row_per_lesson(browser, server, site):
+    lessons = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
+    page = _page_file(site, "course/index.html").relative_to(site).as_posix()
+    browser.get(server + page)
+    rows = browser.execute_script(
+        "const t = document.querySelector('article table');"
+        "return t ? t.querySelectorAll('tbody tr').length : -1;"
+    )
+    assert rows == len(lessons), f"syllabus table: {rows} rows for {len(lessons)} lessons"
+
+
+@pytest.mark.parametrize("page", ["notebook", "catalogue"])
+def test_screenshot_artifacts(browser, server, site, page):
+    path = _page_file(site, PAGES[page]).relative_to(site).as_posix()
+    browser.get(server + path)
+    browser.set_script_timeout(60)
+    browser.execute_async_script(READER_JS)  # wait for MathJax
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / f"{page}.png"
+    browser.save_screenshot(str(shot))
+    assert shot.stat().st_size > 1000

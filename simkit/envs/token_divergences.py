@@ -95,7 +95,7 @@ class TokenMDPDivergences:
         E_μ[W²] = Σ_y π(y)²/μ(y) factorises over tokens, so it is the total mass of the
         transfer-matrix recursion with per-token kernel π_t(v|s)²/μ_t(v|s) (:meth:`_forward`),
         rescaled each step (log-space total). For a state-independent fixed-length policy it
-        reduces to 1 + χ²_seq = Π_t (1 + χ²_t) (reference sheet §F).
+        reduces to 1 + χ²_seq = Π_t (1 + χ²_t) (notation page §F).
         """
         mu = self.check_policy(mu)
         log_m = self._log1p_chi2_seq(mu)

@@ -390,7 +390,7 @@ def exact_token_level_mean(
     """E ĝ for a token-level mapping with coefficient c_t = φ(r_t, sign A), exact by DP, (D,).
 
     One sample's term is g = (1/Z) Σ_t φ(r_t, sign A)·A·∇θ log π(y_t|t, s_t), A = R − b with
-    b = ``baseline``, r_t = π/μ at (t, s_t, y_t), y ~ μ. Aggregations (reference sheet §D)
+    b = ``baseline``, r_t = π/μ at (t, s_t, y_t), y ~ μ. Aggregations (notation page §D)
     with a deterministic per-sample Z (so E ĝ = E g for any n):
 
     - ``"seq-mean-token-sum"``: Z = 1 per sample (÷ n over the batch) — any length;

@@ -70,7 +70,7 @@ def effective_sample_size(n: int, abs_mean: float, sq_mean: float) -> float:
     """ESS = n·(E|c|)² / E[c²] of the effective coefficients c (0 when every c is 0).
 
     The population form of Kish's (Σ|c|)²/Σc²: for sequence IS (c = W) it is n/(1 + χ²)
-    (E W = 1, E W² = 1 + χ²; reference sheet section F), for naive (c = 1) it is n.
+    (E W = 1, E W² = 1 + χ²; notation page section F), for naive (c = 1) it is n.
     """
     return n * abs_mean**2 / sq_mean if sq_mean > 0 else 0.0
 

@@ -4,7 +4,7 @@ Panel (a): for many random pairs (π, μ) — independent Dirichlet draws with s
 concentrations, plus "perturbed" pairs μ ∝ π·exp(σz) close to π — each member of the chain
 against χ²(π‖μ) on log axes (½KL and ½log(1+χ²) in nats; TV² and ½χ² are dimensionless, so
 the y axis reads "value", not "nats"). ½χ² and ½log(1+χ²) are functions of χ² (lines); TV² and ½KL
-(points) stay below them on every pair (Pinsker; Jensen; reference sheet F).
+(points) stay below them on every pair (Pinsker; Jensen; notation page F).
 
 Panel (b): the two-parameter shift family (:func:`simkit.shifts.dial_pair`), applied to a
 geometric π (π_k ∝ 0.5^k), holds KL(π‖μ) fixed while χ² grows by orders of magnitude: a KL

@@ -1,7 +1,7 @@
 """Effective sample size and PSIS k̂ of the sequence ratio W as the length T grows.
 
 For T i.i.d. tokens with per-token χ²(π‖μ), E_μ[W²] = (1+χ²)^T, so the effective sample size
-of n sequence weights is ESS ≈ n/(1+χ²)^T (Kish 1965; reference sheet §F;
+of n sequence weights is ESS ≈ n/(1+χ²)^T (Kish 1965; notation page §F;
 :func:`simkit.theory.expected_ess`): it collapses exponentially in T. The Pareto k̂ of PSIS
 (Vehtari et al., "Pareto smoothed importance sampling", JMLR 2024) diagnoses the same collapse
 from the draws. k̂ is a *pre-asymptotic* diagnostic: here the vocabulary is finite, so W is

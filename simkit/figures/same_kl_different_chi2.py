@@ -1,6 +1,6 @@
 """Same KL, different χ²: why a KL trust region does not control the variance of IS gradients.
 
-KL ≤ log(1+χ²) (Jensen; reference sheet §F) goes one way only: at a fixed per-token
+KL ≤ log(1+χ²) (Jensen; notation page §F) goes one way only: at a fixed per-token
 KL(π‖μ), χ²(π‖μ) can be anything above e^KL − 1 (heavy-tailed ratios on rare tokens), and
 the variance of sequence IS follows χ², not KL (E_μ[W²] = Π_t (1+χ²_t)).
 

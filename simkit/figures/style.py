@@ -1,6 +1,6 @@
 """House style: one fixed colour, line style and marker per mapping, shared by every figure.
 
-Families of the reference sheet share a hue (shades and line styles tell members apart):
+Families of the notation page share a hue (shades and line styles tell members apart):
 
 =====================  ===========  ===================================================
 family                 hue          members

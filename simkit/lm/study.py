@@ -4,7 +4,7 @@
 (:class:`Behaviour`: a logit transform such as a temperature, and/or another model such as a
 stale or noisy copy; the generators of :mod:`simkit.lm.mismatch` build them), prompts with a
 verifiable reward (:mod:`simkit.lm.tasks`). Every estimator of the catalogue is the weighted
-policy gradient of the reference sheet
+policy gradient of the notation page
 
     ĝ = Σ_i Σ_t λ_{i,t} ∇θ log π(y_{i,t} | x_i, y_{i,<t}),     y_i ~ μ(·|x_i),
 

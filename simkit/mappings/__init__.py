@@ -1,6 +1,6 @@
 """The weight-mapping registry: ``get(name, **hyperparams)``, ``available()``.
 
-One module per family of the reference sheet (sections A–C); importing this package registers
+One module per family of the notation page (sections A–C); importing this package registers
 every mapping, in this order of ``available()``:
 
 - :mod:`~simkit.mappings.classic` (A): naive, is_token, is_seq, power, snis, psis, soft_shrink

@@ -2,7 +2,7 @@
 
 A *weight mapping* turns token log-ratios ``log_ratio = log π(y_t|s_t) − log μ(y_t|s_t)`` into the
 effective coefficient ``c_{i,t}`` that multiplies ``A_i · ∇θ log π(y_{i,t}|s_{i,t})`` in the policy
-gradient (see ``shared/reference/weight-mappings.md``)::
+gradient (see the notation page, ``docs/reference.md``)::
 
     g = (1/Z) Σ_i Σ_t c_{i,t} · A_i · ∇θ log πθ(y_{i,t} | s_{i,t}),    y_i ~ μ
 
@@ -25,7 +25,7 @@ Class attributes describe each mapping for the test battery and the experiment r
 - ``batch_dependent``: ``True`` when c_i depends on other rows (snis, psis, m2po); such estimators
   have no exact per-sample mean and the experiment falls back to Monte Carlo.
 - ``on_policy_identity``: ``True`` when ``log_ratio == 0`` must give ``c == 1`` on every valid
-  token (the reference sheet's "on-policy ⇒ REINFORCE" rule).
+  token (the notation page's "on-policy ⇒ REINFORCE" rule).
 - ``ratio_kind`` (:class:`ScalarMapping` only): which ratio ``phi`` acts on — ``"token"`` (r_t),
   ``"sequence"`` (W = exp Σ_t log r_t) or ``"geometric"`` (s = exp of the mean log r_t over the
   sequence's valid tokens).

@@ -1,4 +1,4 @@
-"""Section A of the reference sheet: classic importance sampling (the endpoints of the line).
+"""Section A of the notation page: classic importance sampling (the endpoints of the line).
 
 naive REINFORCE (c = 1), token IS (c = r_t), sequence IS (c = W), power / tempered IS (W^α),
 self-normalised IS, Pareto-smoothed IS and soft shrinkage (Metelli et al. 2021).

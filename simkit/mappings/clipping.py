@@ -1,4 +1,4 @@
-"""Section B of the reference sheet: hard clipping families (surrogate losses).
+"""Section B of the notation page: hard clipping families (surrogate losses).
 
 PPO / GRPO clip, dual clip, DAPO clip-higher (token level), GSPO (geometric-mean sequence ratio)
 and GMPO (geometric mean of clipped token ratios). For a surrogate loss −F(r)·A the effective

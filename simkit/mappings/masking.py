@@ -1,4 +1,4 @@
-"""Section C of the reference sheet, continued: sequence masks and tapered weights.
+"""Section C of the notation page, continued: sequence masks and tapered weights.
 
 Geo-Mask (geometric-mean band), OPSM (DeepSeek-V3.2 off-policy sequence mask), token veto,
 M2PO (batch second-moment token mask) and TOPR (tapered off-policy REINFORCE).
@@ -179,7 +179,7 @@ class M2PO(Mapping):
     Zheng et al., "Prosperity before collapse: how far can off-policy RL reach with stale data
     on LLMs?", arXiv 2510.01161, §5.2 and Algorithm 1 (τ_M2 = 0.04). The candidates are the
     "trust-region" tokens where PPO's clip could act (A ≥ 0 and r_t > 1, or A < 0 and r_t < 1;
-    ``trust_region_only`` = False uses every valid token, the reference sheet's shorthand):
+    ``trust_region_only`` = False uses every valid token, the notation page's shorthand):
     while the mean of (log r_t)² over the remaining candidates exceeds τ, the largest is masked
     (ties broken by position, first in row-major order). The objective is the unclipped r_t·A on
     the kept tokens, so c_t = r_t·M_t. Batch dependent. ``max_log_ratio`` caps the exponent.

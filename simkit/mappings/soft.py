@@ -1,4 +1,4 @@
-"""Section B of the reference sheet, continued: smooth gates and reshaped token ratios.
+"""Section B of the notation page, continued: smooth gates and reshaped token ratios.
 
 SAPO (soft sigmoid gate), LUFFY policy shaping (r/(r+γ)) and ASPO (flipped ratio for positive
 advantages with a soft dual clip). All are token level.

@@ -1,4 +1,4 @@
-"""Section C of the reference sheet: truncated and masked importance weights (detached).
+"""Section C of the notation page: truncated and masked importance weights (detached).
 
 CISPO (clipped token weight, never zero), truncated IS (token and sequence), masked IS (token
 and sequence, one- or two-sided) and IcePop. For a detached-weight loss −sg(w)·A·log π the

@@ -4,8 +4,8 @@
                                 agg="token-mean", eps_high=0.28)
     loss.backward()
 
-Every loss is built so that its gradient is the weighted policy gradient of the reference sheet
-(``shared/reference/weight-mappings.md``)::
+Every loss is built so that its gradient is the weighted policy gradient of the notation page
+(the notation page, ``docs/reference.md``)::
 
     ∂loss/∂log_prob[i, t] = −c[i, t] · A[i] / Z[i]        (0 on padded positions)
 

@@ -13,7 +13,7 @@ def aggregation_scale(
 ) -> torch.Tensor:
     """Per-row aggregation weight 1/Z_i, shape (N,), from a (N, T) bool ``mask``.
 
-    The normalisations of :func:`simkit.estimators.aggregation_weights` (reference sheet,
+    The normalisations of :func:`simkit.estimators.aggregation_weights` (notation page,
     section D): ``token-mean`` Z = Σ mask; ``seq-mean-token-mean`` Z_i = N·|y_i|;
     ``seq-mean-token-sum`` Z = N; ``seq-mean-token-sum-norm`` Z = N·L_max with L_max =
     ``max_length`` (default T), which must be >= the longest row. A row (or batch) without valid

@@ -1,5 +1,5 @@
 """The loss kernels, one per family of weight mappings: each ``kernel(mapping, batch) -> _Terms``
-implements the coefficient of ``simkit.mappings.<family>`` in torch, from the reference sheet,
+implements the coefficient of ``simkit.mappings.<family>`` in torch, from the notation page,
 without calling the numpy implementation (the table of :mod:`simkit.lm.losses`). Kernels run
 without autograd (the batch's log-ratio is detached): a surrogate kernel returns F and its
 derivative c = ∂F/∂log r together, and :func:`~simkit.lm.losses.policy_loss` carries the
