@@ -46,6 +46,12 @@ J(π_k) per prompt, J(μ), χ² of each behaviour, D; the timings of the parts g
 run).
 
 torch is imported inside :func:`compute` only.
+
+Not split: the config, the comparison's pure functions (:func:`significant`,
+:func:`distinct_mappings`, :func:`agreement_rows`, :func:`coverage_rows`, :func:`claims`),
+:func:`compute` and :func:`draw` all read and write the one column layout of ``comparison``
+documented above, and :mod:`simkit.figures._lm_vs_sim_mc` imports the shared study helpers
+from here; the pure functions could move to their own module without changing that layout.
 """
 
 from __future__ import annotations
