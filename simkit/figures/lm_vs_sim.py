@@ -47,7 +47,7 @@ run).
 
 torch is imported inside :func:`compute` only.
 
-Not split: the config, the comparison's pure functions (:func:`significant`,
+This module is not split: the config, the comparison's pure functions (:func:`significant`,
 :func:`distinct_mappings`, :func:`agreement_rows`, :func:`coverage_rows`, :func:`claims`),
 :func:`compute` and :func:`draw` all read and write the one column layout of ``comparison``
 documented above, and :mod:`simkit.figures._lm_vs_sim_mc` imports the shared study helpers
