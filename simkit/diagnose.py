@@ -15,9 +15,13 @@ and writes a report directory (``report.md``, ``diagnose.png``, ``metrics.json``
   weights' variance is not estimable);
 - the length profile (share of responses still running at each position) and the per-position
   χ²; the heavy-tail summary: the share of tokens with |log w| above 0.1, 0.5, 1, 2, 5;
-- the distribution-matched twin's predicted bias, variance and MSE of every weight mapping
-  relative to naive, with bootstrap intervals, ranked by MSE (:mod:`simkit.lm.twin_dist`),
-  with its caveats.
+- the distribution-matched twin's predicted scale-free error of every weight mapping —
+  ``rel_mse_scaled`` = min_α E‖αĝ − ∇J‖² / ‖∇J‖² ∈ [0, 1], the error after the best step size
+  relative to doing nothing (ĝ ≡ 0 scores 1; :func:`simkit.experiment.metrics.scale_free`) —
+  with the shares of tokens and sequences the mapping keeps (``kept``, ``kept_seq``) and its
+  bias, variance and MSE relative to naive, with bootstrap intervals, ranked by
+  ``rel_mse_scaled`` (:mod:`simkit.lm.twin_dist`; MSE rewards mappings that shrink or drop
+  samples, the scale-free error does not), with its caveats.
 
 Input formats (:func:`read_rollouts`): parquet (``.parquet``) or JSON lines (``.jsonl``,
 ``.json``). *Wide*: one row per response with list-valued per-token columns — verl's
@@ -303,8 +307,10 @@ def metrics(ro: LoadedRollouts, seed: int = 0) -> dict:
 def twin_predictions(
     ro: LoadedRollouts, n: int = 8, n_boot: int = 20, seed: int = 0, mappings_=None
 ):
-    """The distribution-matched twin's relative bias / variance / MSE of every mapping, with
-    90% bootstrap intervals, ranked by predicted relative MSE (:mod:`simkit.lm.twin_dist`)."""
+    """The distribution-matched twin's prediction for every mapping, with 90% bootstrap
+    intervals (:mod:`simkit.lm.twin_dist`): ``rel_mse_scaled`` (the scale-free error,
+    mse_scaled/mse_zero ∈ [0, 1]; the ranking key, lowest first), ``kept``, ``kept_seq``, and
+    bias / variance / MSE relative to naive (``rel_mse``, ``rel_bias``, ``rel_variance``)."""
     from simkit import mappings
     from simkit.estimators import Estimator
     from simkit.lm import twin_dist
@@ -318,9 +324,11 @@ def twin_predictions(
     logs = twin_dist.Rollouts(ro.log_pi, ro.log_mu, ro.mask, ro.rewards)
     pred = twin_dist.predict_with_intervals(logs, ests, n, n_boot=n_boot, seed=seed, reps=100)
     cols = ["mapping", "exact"] + [
-        f"rel_{k}{s}" for k in ("mse", "bias", "variance") for s in ("", "_lo", "_hi")
+        f"{k}{s}"
+        for k in ("rel_mse_scaled", "kept", "kept_seq", "rel_mse", "rel_bias", "rel_variance")
+        for s in ("", "_lo", "_hi")
     ]
-    return pred[cols].sort_values("rel_mse", kind="stable").reset_index(drop=True)
+    return pred[cols].sort_values("rel_mse_scaled", kind="stable").reset_index(drop=True)
 
 
 # --- report ----------------------------------------------------------------------------------
@@ -358,22 +366,31 @@ def _markdown(path_in, ro, mt, pred) -> str:
         "",
         "![profile, tails and twin](diagnose.png)",
         "",
-        "## What the distribution-matched twin predicts (relative to naive, 90% bootstrap CI)",
+        "## What the distribution-matched twin predicts (90% bootstrap CI)",
         "",
-        "Ranked by predicted relative MSE (lower is better); `exact` = per-sample mapping "
-        "(enumerated on the twin), otherwise Monte Carlo on the twin.",
+        "Ranked by the predicted scale-free error `rel_mse_scaled` = min_α E‖αĝ − ∇J‖² / ‖∇J‖² "
+        "(the error after the best step size, relative to doing nothing: 1 = no better than "
+        "ĝ ≡ 0; lower is better). `kept`: share of tokens with a non-zero coefficient; "
+        "`kept seq`: share of responses with one. MSE, bias and variance are relative to naive "
+        "(MSE rewards mappings that shrink or drop samples). `exact` = per-sample mapping "
+        "(enumerated on the twin), otherwise Monte Carlo on the twin (n/a: not computed there).",
         "",
-        "| rank | mapping | rel. MSE | rel. bias | rel. variance |",
-        "|---|---|---|---|---|",
+        f"Batch size n = {pred.attrs.get('n', 'n/a')} responses per gradient.",
+        "",
+        "| rank | mapping | rel. scaled MSE | kept | kept seq | rel. MSE | rel. bias "
+        "| rel. variance |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for i, row in enumerate(pred.itertuples(), 1):
 
         def cell(key, row=row):
-            v, lo, hi = (getattr(row, f"rel_{key}{s}") for s in ("", "_lo", "_hi"))
+            v, lo, hi = (getattr(row, f"{key}{s}") for s in ("", "_lo", "_hi"))
             return f"{v:.3g} [{lo:.3g}, {hi:.3g}]" if np.isfinite(v) else "n/a"
 
         lines.append(
-            f"| {i} | {row.mapping} | {cell('mse')} | {cell('bias')} | {cell('variance')} |"
+            f"| {i} | {row.mapping} | {cell('rel_mse_scaled')} | {cell('kept')} "
+            f"| {cell('kept_seq')} | {cell('rel_mse')} | {cell('rel_bias')} "
+            f"| {cell('rel_variance')} |"
         )
     lines += ["", "## Caveats", ""] + [f"- {c}" for c in CAVEATS] + [""]
     return "\n".join(lines)
@@ -402,14 +419,18 @@ def _plot(mt, pred, path):
         ax2.set_xlabel("|log w| threshold")
         ax2.set_ylabel("share of tokens above")
         y = np.arange(len(pred))
-        v = pred.rel_mse.to_numpy()
-        err = np.array([v - pred.rel_mse_lo.to_numpy(), pred.rel_mse_hi.to_numpy() - v])
+        v = pred.rel_mse_scaled.to_numpy(dtype=float)
+        lo, hi = (
+            pred.rel_mse_scaled_lo.to_numpy(dtype=float),
+            pred.rel_mse_scaled_hi.to_numpy(dtype=float),
+        )
+        err = np.nan_to_num(np.array([v - lo, hi - v]))
         ax3.errorbar(v, y, xerr=np.maximum(err, 0), fmt="o", markersize=3, color="k", linewidth=0.6)
         ax3.set_yticks(y, pred.mapping, fontsize=5)
         ax3.invert_yaxis()
-        ax3.axvline(1.0, color="0.6", linewidth=0.6)
-        ax3.set_xscale("log")
-        ax3.set_xlabel("twin: MSE / naive (90% CI)")
+        ax3.axvline(1.0, color="0.6", linewidth=0.6)  # ĝ ≡ 0
+        ax3.set_xlim(0.0, 1.05)
+        ax3.set_xlabel("twin: scaled MSE / ‖∇J‖² (90% CI; 1 = ĝ ≡ 0)")
         fig.savefig(path, dpi=style.DPI)
 
 
@@ -435,6 +456,7 @@ def diagnose(
     ro = read_rollouts(path, columns)
     mt = metrics(ro, seed=seed)
     pred = twin_predictions(ro, n=n, n_boot=n_boot, seed=seed, mappings_=mappings_)
+    pred.attrs["n"] = n
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -443,6 +465,7 @@ def diagnose(
             "layout": ro.layout,
             "columns": ro.sources,
             **mt,
+            "twin_n": n,
             "twin": pred.to_dict(orient="records"),
             "caveats": list(CAVEATS),
         }

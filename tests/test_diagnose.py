@@ -59,8 +59,12 @@ def test_diagnose_recovers_the_known_chi2_end_to_end(dumped, tmp_path):
     report = (out / "report.md").read_text()
     assert "Caveats" in report and "| 1 |" in report
     assert (out / "diagnose.png").stat().st_size > 1000
-    ranks = [row["rel_mse"] for row in metrics["twin"]]
-    assert ranks == sorted(ranks)  # ranked by predicted relative MSE
+    ranks = [row["rel_mse_scaled"] for row in metrics["twin"]]
+    assert ranks == sorted(ranks)  # ranked by the predicted scale-free error
+    assert all(0.0 <= r <= 1.0 for r in ranks) and metrics["twin_n"] == 8
+    rows = {row["mapping"]: row for row in metrics["twin"]}
+    assert rows["naive"]["kept"] == 1.0 and rows["naive"]["kept_seq"] == 1.0
+    assert "rel. scaled MSE" in report and "n = 8" in report
     # an existing report is not overwritten without --force
     assert main(["diagnose", str(path), "--out", str(out), "--boot", "4"]) == 2
 

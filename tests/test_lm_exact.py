@@ -188,6 +188,18 @@ def test_monte_carlo_study_agrees_with_the_exact_tree():
         assert abs(row.variance - var) <= Z * se, row.estimator
     naive = truth.loc["naive"]
     assert naive.bias > 0.05 * naive.grad_norm  # a bias to detect
+    # the scale-free error and kept fractions of the MC rows cover the exact tree's, within
+    # Z·SE (SE from the width of the 95% bootstrap interval)
+    for row in res.table.itertuples():
+        assert isinstance(row.reliable, bool | np.bool_)
+        for key in ("mse_scaled", "rel_mse_scaled", "kept", "kept_seq"):
+            value, lo, hi = (getattr(row, key + s) for s in ("", "_lo", "_hi"))
+            se = (hi - lo) / (2 * 1.96)
+            # a share whose rare event was never drawn has a zero-width interval: allow the
+            # rule of three, 3/N (the 95% bound on an event not seen in N = reps·n draws)
+            slack = 3.0 / (row.reps * row.n) if key.startswith("kept") else 1e-12
+            assert abs(value - truth.loc[row.estimator, key]) <= Z * se + slack, (row, key)
+    assert truth.loc["naive", "rel_mse_scaled"] < 1.0  # a signal to detect
 
 
 def test_batch_dependent_estimators_are_monte_carlo_and_flagged():
@@ -246,3 +258,50 @@ def test_patched_closed_form_mc_study_equals_torch_func_study():
     from simkit.lm import sampling
 
     assert sampling.head_scores is X.head_scores
+
+
+def test_exact_scale_free_columns_equal_an_enumeration_of_the_leaves():
+    """mse_zero, alpha_star, mse_scaled, rel_mse_scaled, kept, kept_seq of the exact study
+    equal a direct sum over the enumerated leaves (1e-10)."""
+    from simkit import mappings
+    from simkit.estimators import Estimator
+
+    model = tiny()
+    k, T, n = 3, 3, 4
+    target = second_token(model, tasks.get_task("token", n_prompts=1).prompt_ids()[0], k)
+    task = tasks.get_task("token", vocab_size=64, target=target, n_prompts=1)
+    names = ["naive", "is_seq", "tis_token", "ppo_clip", "mis_token"]
+    ests = [Estimator(m, aggregation="seq-mean-token-sum", name=m) for m in names]
+    ex = exact.exact_study(model, task, "temperature:1.6", ests, k=k, T=T, n=n, reps=20)
+    env = ex.env
+    assert ex.table.exact.all()
+    p_mu, p_pi = env.prob("mu"), env.prob("pi")
+    R = env.rewards
+    S = env.scores[env.edges]  # (L, T, D), zero on padding
+    J_pi, J_mu = float(p_pi @ R), float(p_mu @ R)
+    grad_J = np.einsum("l,ltd->d", p_pi * (R - J_pi), S)
+    log_ratio = np.where(env.mask, env.log_pi_tok - env.log_mu_tok, 0.0)
+    for est in ests:
+        A = R - J_mu  # the oracle advantage
+        mapping = mappings.get(est.mapping.name, **est.mapping.hyperparameters)
+        c = mapping.coefficients(log_ratio, env.mask, np.where(A >= 0, 1.0, -1.0))
+        c = np.where(env.mask, c, 0.0)
+        h = A[:, None] * np.einsum("lt,ltd->ld", c, S)  # one sample's contribution
+        mean = p_mu @ h
+        second_one = float(p_mu @ np.sum(h * h, axis=1))
+        variance = (second_one - mean @ mean) / n
+        second = mean @ mean + variance
+        zero = grad_J @ grad_J
+        inner = mean @ grad_J
+        row = ex.table.set_index("estimator").loc[est.name]
+        assert row.mse_zero == pytest.approx(zero, rel=1e-10, abs=1e-14)
+        assert row.alpha_star == pytest.approx(inner / second, rel=1e-10, abs=1e-14)
+        assert row.mse_scaled == pytest.approx(zero - inner**2 / second, rel=1e-10, abs=1e-14)
+        assert row.rel_mse_scaled == pytest.approx(1 - inner**2 / second / zero, rel=1e-10)
+        nz = (c != 0) & env.mask
+        kept = (p_mu @ nz.sum(1)) / (p_mu @ env.mask.sum(1))
+        assert row.kept == pytest.approx(kept, rel=1e-10)
+        assert row.kept_seq == pytest.approx(p_mu @ nz.any(1), rel=1e-10)
+        assert np.isnan(row.rel_mse_scaled_lo) and np.isnan(row.kept_hi)
+    t = ex.table.set_index("estimator")
+    assert t.loc["naive", "kept"] == 1.0 and t.loc["mis_token", "kept"] < 1.0  # a mask to see

@@ -51,6 +51,7 @@ from simkit.lm import study as _study
 from simkit.lm.behaviour import Behaviour
 from simkit.lm.leaves import LeafEnv
 from simkit.lm.mismatch import prepare_pair
+from simkit.lm.scale_free import with_scale_free
 
 GRAD_METHODS = ("auto", "head", "vmap")
 #: share of the free memory a tree may use when ``memory_limit`` is None
@@ -659,7 +660,9 @@ def _functional_scores(model, names, prompt, seqs, mask, edges, n_edges, k, batc
 class ExactStudy:
     """What :func:`exact_study` computed: ``table`` (the tidy table of
     :func:`simkit.experiment.run`, plus the setting columns ``behaviour``, ``strength``,
-    ``top_k``, ``n_prompts``, ``D``, ``J``, ``grad_norm``), ``env`` (the
+    ``top_k``, ``n_prompts``, ``D``, ``J``, ``grad_norm``, and the scale-free columns
+    ``mse_zero``, ``alpha_star``, ``mse_scaled``, ``rel_mse_scaled``, ``kept``, ``kept_seq`` of
+    :func:`simkit.lm.scale_free.with_scale_free`: exact on exact rows), ``env`` (the
     :class:`~simkit.lm.leaves.LeafEnv`), ``trees`` (one per prompt), ``grad_J`` (D,) exact."""
 
     table: pd.DataFrame
@@ -768,6 +771,7 @@ def exact_study(
         n_boot=n_boot,
         progress=False,
     )
+    table = with_scale_free(table, env, "mu", ests, n)
     return ExactStudy(table, env, trees, grad_J, J, trees[0].param_names)
 
 

@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from simkit import experiment as _experiment
+from simkit.experiment.metrics import kept_fractions
 
 # --- metrics ---------------------------------------------------------------------------------
 
@@ -103,6 +104,11 @@ def gradient_metrics(
     bias from bias_sq ± z·bias_sq_se, bias_dir from the bootstrap confidence ball; the others
     percentile bootstrap over batches and reference draws resampled independently
     (``boot_weights`` = (W_g (B, R), W_u (B, M)) to share resamples between estimators).
+
+    Also the scale-free error (:func:`scale_free_statistics`: ``mse_zero``, ``alpha_star``,
+    ``mse_scaled``, ``rel_mse_scaled`` with bounds), the kept fractions
+    (:func:`kept_statistics`: ``kept``, ``kept_seq`` with bounds) and the reliability of the
+    row (:func:`draw_reliability`: ``reliable``, ``tail_draws``).
     """
     g = np.asarray(gradients, dtype=np.float64)
     u = np.asarray(reference_samples, dtype=np.float64)
@@ -189,4 +195,172 @@ def gradient_metrics(
     out["bias_sq"] = bias_sq
     out["bias_sq_se"] = stats["bias_sq_se"]
     out["ref_variance"] = stats["ref_variance"]
+    out.update(scale_free_statistics(g, u, level=level, boot_weights=boot_weights))
+    out.update(kept_statistics(coefficients, mask, level=level, boot_weights=Wg))
+    out.update(draw_reliability(g, u, coefficients, mask))
+    return out
+
+
+def draw_reliability(gradients, reference_samples, coefficients, mask) -> dict:
+    """``reliable`` and ``tail_draws`` of a Monte Carlo LM row: the rule of
+    :mod:`simkit.reliability` on the draws.
+
+    Checks 1 and 2 (:func:`simkit.reliability.draw_checks`) on x_r = ‖ĝ_r − ḡ‖² and
+    x_r = ‖ĝ_r − ∇̂J‖² (∇̂J the on-policy reference: the LM has no exact ∇J). Check 3 needs
+    E_μ c̄² and E_μ c̄⁴ of one sample's coefficient c̄ = Σ_t |c_t| (scale-free: the aggregation's
+    1/Z cancels in the ratio), unknown on an LM: they are replaced by their means over the
+    N = R·n drawn responses, ν̂ = N·(mean c̄²)²/mean c̄⁴ — the share of Σ c̄⁴ one draw carries
+    is ≥ 1/ν̂, so a single dominating response fails the check; a tail never drawn is not seen
+    (the caveat of :mod:`simkit.reliability`). ``tail_draws`` = ν̂ (NaN when every c̄ is 0).
+    """
+    from simkit.reliability import draw_checks, is_reliable
+
+    g = np.asarray(gradients, dtype=np.float64)
+    ref = np.asarray(reference_samples, dtype=np.float64).mean(0)
+    mean = g.mean(0)
+    khat, share = draw_checks(np.sum((g - mean) ** 2, axis=1), np.sum((g - ref) ** 2, axis=1))
+    cbar = (np.abs(np.asarray(coefficients, dtype=np.float64)) * np.asarray(mask, bool)).sum(-1)
+    cbar = cbar.ravel()
+    m2, m4 = float(np.mean(cbar**2)), float(np.mean(cbar**4))
+    nu = cbar.size * m2**2 / m4 if m4 > 0 else math.nan
+    return {"reliable": is_reliable(khat, share, nu), "tail_draws": nu}
+
+
+# --- scale-free error and kept fractions on Monte Carlo draws --------------------------------
+
+
+def _distinct_pair_inner_sq(A: np.ndarray, c: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """Σ over distinct positions p ≠ p′ (batches) and q ≠ q′ (reference draws) of
+    A[p, q]·A[p′, q′], for the resamples whose multiplicities are ``c`` (B, R) and ``d`` (B, M)
+    (all ones: the sample itself). (B,)."""
+    Ad = d @ A.T  # (B, R): Σ_q d_q A[r, q]
+    cA = c @ A  # (B, M): Σ_p c_p A[p, j]
+    total = np.sum(c * Ad, axis=1)
+    rows = np.sum(c * Ad**2, axis=1)
+    cols = np.sum(d * cA**2, axis=1)
+    diag = np.sum(c * (d @ (A * A).T), axis=1)
+    return total**2 - rows - cols + diag
+
+
+def _distinct_pair_norm_sq(K: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """Σ over distinct positions q ≠ q′ of K[q, q′] = ⟨u_q, u_q′⟩, multiplicities ``d``
+    (B, M). (B,)."""
+    return np.sum((d @ K) * d, axis=1) - d @ np.diag(K)
+
+
+def scale_free_statistics(
+    gradients,
+    reference_samples,
+    level: float = 0.95,
+    boot_weights: tuple[np.ndarray, np.ndarray] | None = None,
+    n_boot: int = 200,
+    rng: np.random.Generator | None = None,
+) -> dict[str, float]:
+    """The scale-free error (:func:`simkit.experiment.metrics.scale_free`) from Monte Carlo
+    draws, with the noise of both means removed.
+
+    ``gradients`` (R, D): ĝ_r of R independent batches; ``reference_samples`` (M, D): i.i.d.
+    unbiased single-sample estimates u_j of ∇J (independent of the batches). With
+    A_{rj} = ⟨ĝ_r, u_j⟩ (independent factors: E A_{rj}A_{r′j′} = ⟨E ĝ, ∇J⟩² for r ≠ r′, j ≠ j′),
+    every moment is estimated without bias by a U-statistic over distinct indices:
+
+        ⟨E ĝ, ∇J⟩   ≈ mean_{r,j} A_{rj}
+        ⟨E ĝ, ∇J⟩²  ≈ Σ_{r≠r′} Σ_{j≠j′} A_{rj} A_{r′j′} / (R(R−1) M(M−1))
+                     (the plug-in ⟨ḡ, ∇̂J⟩² exceeds it by Var⟨ĝ, ·⟩/R-type terms:
+                      E⟨ḡ, ∇J⟩² = ⟨E ĝ, ∇J⟩² + Var⟨ĝ, ∇J⟩/R)
+        E‖ĝ‖²       ≈ mean_r ‖ĝ_r‖²
+        ‖∇J‖²       ≈ Σ_{j≠j′} ⟨u_j, u_j′⟩ / (M(M−1)) = ‖∇̂J‖² − tr Σ̂_u/M
+
+    and ``mse_zero``, ``alpha_star`` = ⟨E ĝ, ∇J⟩/E‖ĝ‖², ``mse_scaled`` = ‖∇J‖² −
+    ⟨E ĝ, ∇J⟩²/E‖ĝ‖² (clipped to [0, mse_zero]) and ``rel_mse_scaled`` = mse_scaled/mse_zero
+    are ratios of these unbiased pieces (consistent; NaN when the estimated ‖∇J‖² ≤ 0).
+    ``mse_scaled_lo``/``_hi`` and ``rel_mse_scaled_lo``/``_hi``: percentile bootstrap at
+    ``level`` resampling the batches and the reference draws independently (``boot_weights``
+    = (W_g (B, R), W_u (B, M)) resampling weights that sum to 1 per row, shared with
+    :func:`gradient_metrics`; the same U-statistics on each resample, over distinct positions
+    of the resampled lists).
+    """
+    g = np.asarray(gradients, dtype=np.float64)
+    u = np.asarray(reference_samples, dtype=np.float64)
+    if g.ndim != 2 or u.ndim != 2 or g.shape[1] != u.shape[1]:
+        raise ValueError(
+            f"gradients (R, D) and reference_samples (M, D) must share D, got {g.shape} and "
+            f"{u.shape}"
+        )
+    R, M = g.shape[0], u.shape[0]
+    if R < 2 or M < 2:
+        raise ValueError(f"need at least 2 batches and 2 reference samples, got {R} and {M}")
+    if boot_weights is None:
+        rng = np.random.default_rng(0) if rng is None else rng
+        boot_weights = (_resample_weights(R, n_boot, rng), _resample_weights(M, n_boot, rng))
+    A = g @ u.T
+    K = u @ u.T
+    sq = np.sum(g * g, axis=1)
+    c = np.vstack([np.ones(R), boot_weights[0] * R])  # multiplicities; row 0 = the sample
+    d = np.vstack([np.ones(M), boot_weights[1] * M])
+    norm_rm = R * (R - 1) * M * (M - 1)
+    inner = (c @ A * d).sum(axis=1) / (R * M)
+    inner_sq = _distinct_pair_inner_sq(A, c, d) / norm_rm
+    second = c @ sq / R
+    zero = _distinct_pair_norm_sq(K, d) / (M * (M - 1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scaled = np.where(second > 0, zero - inner_sq / second, zero)
+        scaled = np.minimum(np.maximum(scaled, 0.0), np.maximum(zero, 0.0))
+        rel = np.where(zero > 0, scaled / zero, np.nan)
+        alpha = np.where(second > 0, inner[0] / second, 0.0)
+    tail = (1.0 - level) / 2.0
+
+    def pct(x):
+        x = x[np.isfinite(x)]
+        if not x.size:
+            return math.nan, math.nan
+        lo, hi = np.quantile(x, [tail, 1.0 - tail])
+        return float(lo), float(hi)
+
+    out = {
+        "mse_zero": float(zero[0]),
+        "alpha_star": float(alpha[0]),
+        "mse_scaled": float(scaled[0]),
+        "rel_mse_scaled": float(rel[0]),
+    }
+    out["mse_scaled_lo"], out["mse_scaled_hi"] = pct(scaled[1:])
+    out["rel_mse_scaled_lo"], out["rel_mse_scaled_hi"] = pct(rel[1:])
+    return out
+
+
+def kept_statistics(
+    coefficients, mask, level: float = 0.95, boot_weights: np.ndarray | None = None
+) -> dict[str, float]:
+    """``kept`` and ``kept_seq`` (:func:`simkit.experiment.metrics.kept_fractions`) of Monte
+    Carlo batches, with percentile bootstrap bounds over the batches.
+
+    ``coefficients``, ``mask`` (R, n, T): the mapping's c on R batches of n responses and the
+    valid tokens. ``kept`` = Σ #{valid t: c_t ≠ 0} / Σ #{valid t} over every drawn response,
+    ``kept_seq`` = the share of responses with a non-zero valid coefficient. ``boot_weights``
+    (B, R): resampling weights of the batches (None: no bounds, NaN).
+    """
+    c = np.asarray(coefficients)
+    m = np.asarray(mask, dtype=bool)
+    if c.shape != m.shape or c.ndim != 3:
+        raise ValueError(
+            f"coefficients and mask must have the same shape (R, n, T), got {c.shape} and {m.shape}"
+        )
+    nz = (c != 0) & m
+    kept_r = nz.sum(axis=(1, 2)).astype(np.float64)
+    valid_r = m.sum(axis=(1, 2)).astype(np.float64)
+    seq_r = nz.any(axis=2).mean(axis=1)
+    out = kept_fractions(c.reshape(-1, c.shape[-1]), m.reshape(-1, m.shape[-1]))
+    out = {key: float(v) for key, v in out.items()}
+    tail = (1.0 - level) / 2.0
+    for key in ("kept", "kept_seq"):
+        out[f"{key}_lo"] = out[f"{key}_hi"] = math.nan
+    if boot_weights is not None:
+        W = np.asarray(boot_weights, dtype=np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            kept_b = (W @ kept_r) / (W @ valid_r)
+        for key, values in (("kept", kept_b), ("kept_seq", W @ seq_r)):
+            values = values[np.isfinite(values)]
+            if values.size:
+                lo, hi = np.quantile(values, [tail, 1.0 - tail])
+                out[f"{key}_lo"], out[f"{key}_hi"] = float(lo), float(hi)
     return out

@@ -44,9 +44,32 @@ mapping hyperparameters, the setting, ``T`` (max response length), ``n``, ``reps
 ``chi2_tok``/``kl_tok``/``tv_tok`` (exact over the vocabulary at every visited response position,
 averaged over μ's tokens), ``chi2_seq``/``kl_seq``/``tv_seq`` (Monte Carlo from μ's draws:
 E_μ W² − 1, E_μ[W log W], ½E_μ|W − 1|, W = π(y)/μ(y)), ``bias``, ``bias_dir``, ``cosine``,
-``variance``, ``mse``, ``snr``, ``ess`` (each with ``_lo``/``_hi``), ``khat``, ``exact``, and
-``bias_sq``, ``bias_sq_se``, ``grad_norm`` (debiased ‖∇J‖), ``ref_variance``, ``ref_se``, ``J``
-(the pilot estimate of J(π)), and ``behaviour``, ``strength`` (μ's generator and knob).
+``variance``, ``mse``, ``snr``, ``ess``, ``mse_scaled``, ``rel_mse_scaled``, ``kept``,
+``kept_seq`` (each with ``_lo``/``_hi``), ``khat``, ``exact``, and ``bias_sq``, ``bias_sq_se``,
+``grad_norm`` (debiased ‖∇J‖), ``ref_variance``, ``ref_se``, ``J`` (the pilot estimate of J(π)),
+``J_mu`` (the pilot estimate of J(μ)), ``mse_zero``, ``alpha_star``, ``reliable``,
+``tail_draws``, and ``behaviour``, ``strength`` (μ's generator and knob).
+
+**Baselines.** The ``oracle`` advantage is A = R − J(μ) (DESIGN.md: the baseline real trainers
+estimate, centred under the sampling law); J(μ) is the mean reward of ``n_pilot`` separate
+draws from μ (a constant independent of the batches, column ``J_mu``). ``oracle_pi`` uses the
+pilot estimate of J(π) (column ``J``), which is also the reference's baseline b.
+
+**Scale-free error** (:func:`simkit.lm.metrics.scale_free_statistics`, the formulas of
+:func:`simkit.experiment.metrics.scale_free`): ``mse_zero`` = ‖∇J‖² (the error of ĝ ≡ 0),
+``alpha_star`` = ⟨E ĝ, ∇J⟩/E‖ĝ‖² (the best step size), ``mse_scaled`` = ‖∇J‖² −
+⟨E ĝ, ∇J⟩²/E‖ĝ‖² (the error after that step size, which a learning-rate sweep finds) and
+``rel_mse_scaled`` = mse_scaled/mse_zero ∈ [0, 1] (1: no better than doing nothing). MSE
+rewards estimators that shrink or drop samples; these do not. Each piece is estimated without
+bias from the draws: ⟨E ĝ, ∇J⟩² by a U-statistic over distinct (batch, reference) pairs — the
+plug-in ⟨ḡ, ∇̂J⟩² would add Var⟨ĝ, ∇J⟩/reps —, E‖ĝ‖² by the mean of ‖ĝ_r‖², ‖∇J‖² by
+‖∇̂J‖² − tr Σ̂_u/M; bounds by the same bootstrap as the other metrics. ``kept`` / ``kept_seq``:
+the share of valid tokens with a non-zero coefficient and of responses with one
+(:func:`simkit.lm.metrics.kept_statistics`).
+
+**Reliability** (:func:`simkit.lm.metrics.draw_reliability`): ``reliable`` is the rule of
+:mod:`simkit.reliability` on the draws (k̂ and largest share of the per-batch squared errors,
+and the tail-draw count ν̂ = N·(mean c̄²)²/mean c̄⁴ from the drawn coefficients, ``tail_draws``).
 
 The pieces live in their own modules: :mod:`simkit.lm.behaviour` (μ), :mod:`simkit.lm.sampling`
 (drawing responses), :mod:`simkit.lm.scores` (per-token scores, per-sample gradients),
@@ -172,7 +195,8 @@ class StudyResult:
     response position t, ``chi2_tok``, ``kl_tok``, ``tv_tok`` (exact, averaged over μ's visited
     states at t), ``running`` (fraction of μ's responses still running at t) and ``tokens``.
     ``lengths``: the response length of every μ draw (reps·n,). ``J``, ``J_se``: the pilot
-    estimate of J(π) (the oracle baseline). ``reference`` (D,) ∇̂J; ``grad_norm`` the debiased
+    estimate of J(π) (the reference's and ``oracle_pi``'s baseline); ``J_mu``, ``J_mu_se``:
+    that of J(μ) (the ``oracle`` baseline). ``reference`` (D,) ∇̂J; ``grad_norm`` the debiased
     ‖∇J‖; ``param_names``, ``D``. ``gradients`` (E, R, D) the ĝ_r of each estimator and
     ``reference_samples`` (M, D) (kept for further analysis). ``fingerprint``: the
     :func:`model_fingerprint` of π (a reference is reused only on the same π).
@@ -190,6 +214,8 @@ class StudyResult:
     gradients: np.ndarray = field(repr=False)
     reference_samples: np.ndarray = field(repr=False)
     fingerprint: str = ""
+    J_mu: float = math.nan
+    J_mu_se: float = math.nan
 
 
 def _prompt_layout(rng: np.random.Generator, n_prompts: int, n: int, group_size: int):
@@ -205,6 +231,11 @@ _EXTRA_COLUMNS = [
     "ref_variance",
     "ref_se",
     "J",
+    "J_mu",
+    "mse_zero",
+    "alpha_star",
+    "reliable",
+    "tail_draws",
 ]
 _RESERVED = {
     *ESTIMATOR_COLUMNS,
@@ -216,6 +247,28 @@ _RESERVED = {
     *METRIC_COLUMNS,
     *_EXTRA_COLUMNS,
 }
+
+
+def _pilot_mean(model, behaviour, common, n_prompts, n_pilot, chunk, ss, torch_gen):
+    """Mean reward of ``n_pilot`` draws from ``behaviour`` and its standard error."""
+    r = np.concatenate(
+        [
+            d.rewards
+            for _, d in _chunked_draws(
+                model,
+                behaviour,
+                common,
+                n_prompts,
+                n_pilot,
+                chunk,
+                ss,
+                torch_gen,
+                with_scores=False,
+            )
+        ]
+    )
+    se = float(r.std(ddof=1) / math.sqrt(len(r))) if len(r) > 1 else math.nan
+    return float(r.mean()), se
 
 
 def _pilot_and_reference(
@@ -291,7 +344,8 @@ def gradient_study(
         ``behaviour`` and ``strength`` columns.
     params : parameter subset θ (:func:`select_parameters`).
     n, reps : batch size and number of independent batches from μ.
-    n_ref : on-policy draws of the REINFORCE reference ∇̂J; ``n_pilot``: draws for the baseline J.
+    n_ref : on-policy draws of the REINFORCE reference ∇̂J; ``n_pilot``: draws from π for the
+        baseline J(π) and, separately, from μ for J(μ).
     max_new_tokens, eos_token_id : response length T and optional stop token.
     group_size : responses per prompt inside a batch (consecutive rows; the group advantages
         need it equal to their G); prompts are drawn uniformly.
@@ -305,8 +359,8 @@ def gradient_study(
     rows_per_call : responses sampled and scored per model call (several batches at once;
         lower it to bound memory: the scores of one call take rows·T·D values).
     reference : a previous :class:`StudyResult` on the same model, task, parameters and T
-        whose pilot J and reference draws are reused (``n_ref``, ``n_pilot`` then ignored):
-        several behaviours compared against one ∇̂J.
+        whose pilot J(π) and reference draws are reused (``n_ref`` then ignored; μ's pilot is
+        drawn): several behaviours compared against one ∇̂J.
     """
     ests = as_estimators(estimators)
     n = int_at_least(n, "n", 1)
@@ -350,7 +404,8 @@ def gradient_study(
     model.eval()
     device, _ = _model_device_dtype(model)
     prompts = task.prompt_ids(tokenizer)
-    ss_pilot, ss_ref, ss_batch, ss_boot = np.random.SeedSequence(seed).spawn(4)
+    # a fifth child for μ's pilot (children 0–3 are those of spawn(4): the same streams)
+    ss_pilot, ss_ref, ss_batch, ss_boot, ss_pilot_mu = np.random.SeedSequence(seed).spawn(5)
 
     def torch_gen(ss):
         gen = torch.Generator(device=device)
@@ -405,6 +460,12 @@ def gradient_study(
             tqdm(total=n_ref + reps * n, desc="LM gradient study", disable=not progress),
         )
 
+    # J(μ), the ``oracle`` advantage's baseline: a pilot from μ, independent of the batches
+    J_mu, J_mu_se = _pilot_mean(
+        model, mu, common, len(prompts), n_pilot, chunk, ss_pilot_mu, torch_gen
+    )
+    baselines = {"oracle": J_mu, "oracle_pi": J}
+
     # batches from μ
     rng, gen = np.random.default_rng(ss_batch), torch_gen(ss_batch)
     grads = np.empty((len(ests), reps, D))
@@ -437,7 +498,7 @@ def gradient_study(
                 d.old_log_prob.reshape(shape),
                 m,
                 d.rewards.reshape(k, n),
-                J,
+                baselines.get(est.advantage, J),
                 loss_path,
             )
             if not np.all(np.isfinite(lam)):
@@ -481,6 +542,11 @@ def gradient_study(
                 "ref_variance": metrics["ref_variance"],
                 "ref_se": math.sqrt(metrics["ref_variance"] / n_ref),
                 "J": J,
+                "J_mu": J_mu,
+                "mse_zero": metrics["mse_zero"],
+                "alpha_star": metrics["alpha_star"],
+                "reliable": metrics["reliable"],
+                "tail_draws": metrics["tail_draws"],
             }
         )
     hp_cols = list(
@@ -525,6 +591,8 @@ def gradient_study(
         gradients=grads,
         reference_samples=U,
         fingerprint=fingerprint,
+        J_mu=J_mu,
+        J_mu_se=J_mu_se,
     )
 
 

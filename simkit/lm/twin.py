@@ -154,10 +154,15 @@ def predict(
     n_boot: int = 200,
 ) -> pd.DataFrame:
     """Each estimator's bias/variance on the simulation twin (:func:`simkit.experiment.run`,
-    exact where the support is enumerable, Monte Carlo otherwise)."""
-    return _experiment.run(
+    exact where the support is enumerable, Monte Carlo otherwise), with the scale-free columns
+    (:func:`simkit.lm.scale_free.with_scale_free`: ``rel_mse_scaled``, ``kept``, … exact on
+    exact rows)."""
+    from simkit.lm.scale_free import with_scale_free
+
+    table = _experiment.run(
         env, mu, estimators, n=n, reps=reps, seed=seed, n_boot=n_boot, progress=False
     )
+    return with_scale_free(table, env, mu, estimators, n)
 
 
 def relative_metrics(table: pd.DataFrame, reference: str = "naive") -> pd.DataFrame:

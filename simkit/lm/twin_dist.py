@@ -48,8 +48,11 @@ import pandas as pd
 
 from simkit import experiment as _experiment
 from simkit.lm.leaves import LeafEnv
+from simkit.lm.scale_free import with_scale_free
 
 METRICS = ("variance", "bias", "mse")
+#: the scale-free columns :func:`predict_with_intervals` bounds (shares in [0, 1])
+SCALE_FREE_BOUNDED = ("rel_mse_scaled", "kept", "kept_seq")
 
 
 @dataclass(frozen=True)
@@ -191,11 +194,16 @@ def predict(
     prob_bins: int = 2,
 ) -> pd.DataFrame:
     """Each estimator's bias / variance / MSE on the replay twin (:func:`simkit.experiment.run`
-    table) with ``rel_<m>`` columns (relative to naive, which must be among the estimators)."""
+    table) with ``rel_<m>`` columns (relative to naive, which must be among the estimators),
+    and the scale-free columns (:func:`simkit.lm.scale_free.with_scale_free`): the twin's
+    ``rel_mse_scaled`` is already scale-free (its own ‖∇J‖² the unit), so it is a prediction
+    in itself, not a ratio to naive; ``kept``, ``kept_seq`` the shares the mapping keeps of the
+    logged tokens and sequences (the twin's atoms are the logged sequences)."""
     env = replay_twin(rollouts, bins=bins, segments=segments, prob_bins=prob_bins)
     table = _experiment.run(
         env, "mu", estimators, n=n, reps=reps, seed=seed, n_boot=50, progress=False
     )
+    table = with_scale_free(table, env, "mu", estimators, n)
     rel = relative(table)
     return table.assign(**{c: rel[c].to_numpy() for c in rel.columns if c.startswith("rel_")})
 
@@ -217,23 +225,28 @@ def predict_with_intervals(
     bootstrap resamples of the logged sequences (the twin refitted on each): the spread of the
     refits around their median, [q_tail − q_50, q_{1−tail} − q_50], placed around the point
     prediction (a resample repeats sequences, which shifts the refitted twin; the shift is not
-    carried into the interval). Lower bounds are clipped at 0."""
+    carried into the interval). Lower bounds are clipped at 0. The same intervals for the
+    twin's ``rel_mse_scaled``, ``kept`` and ``kept_seq`` (:data:`SCALE_FREE_BOUNDED`; upper
+    bounds clipped at 1)."""
     kw = dict(reps=reps, seed=seed, bins=bins, segments=segments, prob_bins=prob_bins)
     point = predict(rollouts, estimators, n, **kw)
     rng = np.random.default_rng(seed)
-    boots = {k: [] for k in METRICS}
+    columns = [f"rel_{k}" for k in METRICS] + list(SCALE_FREE_BOUNDED)
+    boots = {c: [] for c in columns}
     for _ in range(n_boot):
         rows = rng.integers(0, rollouts.N, size=rollouts.N)
         b = predict(rollouts.take(rows), estimators, n, **kw)  # the same twin, refitted
-        for key in METRICS:
-            boots[key].append(b[f"rel_{key}"].to_numpy())
+        for c in columns:
+            boots[c].append(b[c].to_numpy(dtype=np.float64))
     tail = (1.0 - level) / 2.0
-    for key in METRICS:
-        arr = np.array(boots[key])
+    for c in columns:
+        arr = np.array(boots[c])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns (0/0 bias)
             lo, med, hi = np.nanquantile(arr, [tail, 0.5, 1.0 - tail], axis=0)
-        v = point[f"rel_{key}"].to_numpy()
-        point[f"rel_{key}_lo"] = np.maximum(v - (med - lo), 0.0)
-        point[f"rel_{key}_hi"] = v + (hi - med)
+        v = point[c].to_numpy(dtype=np.float64)
+        low, high = np.maximum(v - (med - lo), 0.0), v + (hi - med)
+        if c in SCALE_FREE_BOUNDED:  # shares: [0, 1]
+            high = np.minimum(high, 1.0)
+        point[f"{c}_lo"], point[f"{c}_hi"] = low, high
     return point
