@@ -55,6 +55,8 @@ def estimator_params(est: _estimators.Estimator) -> dict:
         out["mode"] = est.mode
     if est.denominator != "valid":
         out["denominator"] = est.denominator
+    if est.allow_same_ratio:
+        out["allow_same_ratio"] = True
     if est.seed != 0:
         out["seed"] = est.seed
     return plain(out)
@@ -80,6 +82,7 @@ def build_estimators(specs: list[dict]) -> list[_estimators.Estimator]:
             correction=_correction(s),
             mode=s.get("mode", "decoupled"),
             denominator=s.get("denominator", "valid"),
+            allow_same_ratio=s.get("allow_same_ratio", False),
             seed=s.get("seed", 0),
         )
         for s in specs

@@ -40,7 +40,12 @@ def bandit_dict(estimators: list[dict]) -> dict:
 
 COMPOSED = [
     Estimator("ppo_clip", correction="tis_token"),
-    Estimator("ppo_clip", correction=mappings.get("mis_seq", preset="trl"), mode="bypass"),
+    Estimator(
+        "ppo_clip",
+        correction=mappings.get("mis_seq", preset="trl"),
+        mode="bypass",
+        allow_same_ratio=True,  # the double count is refused unless asked for (issue 23)
+    ),
     Estimator("ppo_clip", correction="tis_token", denominator="kept"),
     Estimator("vespo", correction="tis_token", mode="trl_vespo"),
     Estimator("clip_cov", correction="icepop", seed=3),
@@ -75,6 +80,7 @@ def test_composed_entries_build_the_composed_estimators_and_round_trip():
             "correction_preset": "trl",
             "mode": "bypass",
             "denominator": "kept",
+            "allow_same_ratio": True,
         },
         {"mapping": "vespo", "correction": "tis_token", "mode": "trl_vespo"},
         {"mapping": "clip_cov", "correction": "icepop", "seed": 3},
@@ -88,6 +94,7 @@ def test_composed_entries_build_the_composed_estimators_and_round_trip():
             correction=mappings.get("mis_seq", preset="trl"),
             mode="bypass",
             denominator="kept",
+            allow_same_ratio=True,
         ),
         Estimator("vespo", correction="tis_token", mode="trl_vespo"),
         Estimator("clip_cov", correction="icepop", seed=3),

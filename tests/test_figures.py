@@ -537,8 +537,8 @@ def test_lm_staleness_passes_its_train_fields_by_name():
     cfg = lsc.config(small=True)
     fields = lsc.train_fields(cfg)
     assert sorted(fields) == sorted(
-        ["group_size", "steps", "minibatch_size", "lag", "lr", "response_length", "precision",
-         "temperature", "n_prompts", "eval_every", "eval_samples"]
+        ["group_size", "steps", "minibatch_size", "lag", "lr", "max_grad_norm",
+         "response_length", "precision", "n_prompts", "eval_every", "target"]
     )  # fmt: skip
     tc = lsc.lm_config(cfg, "vespo", 4)
     assert tc.minibatches == 4 and tc.mapping == "vespo"

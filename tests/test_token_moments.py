@@ -124,10 +124,11 @@ def test_experiment_run_is_exact_at_T_64_by_dp():
     for col in ("variance", "mse"):
         inside = (mc[f"{col}_lo"] <= ex[col]) & (ex[col] <= mc[f"{col}_hi"])
         assert inside.all(), (col, ex[col].tolist(), mc[[f"{col}_lo", f"{col}_hi"]])
-    tied = experiment.run(env, mu, ests[:1], n=4, reps=50, exact="auto", params="tied")
-    assert not tied.exact.iloc[0]  # the DP's variance is for untied parameters only
-    with pytest.raises(ValueError, match="untied"):
-        experiment.run(env, mu, ests[:1], n=4, reps=5, exact=True, params="tied")
+    # tied parameters: exact by the tied moment DP (tests/test_token_moments_tied.py checks it
+    # against enumeration and a pairwise DP); here the run rows are planned and filled from it
+    tied = experiment.run(env, mu, ests, n=4, reps=5, exact=True, params="tied", progress=False)
+    assert tied.exact.all() and (tied.method == "dp").all()
+    assert tied.set_index("estimator").loc["is_seq", "bias"] < 1e-10
 
 
 @pytest.mark.parametrize("distinct", [3, 9])

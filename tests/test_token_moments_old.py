@@ -63,6 +63,7 @@ def test_composed_dp_equals_enumeration(name, corr, mode, env_name):
                 advantage=advantage,
                 correction=corr,
                 mode=mode,
+                allow_same_ratio=True,  # the DP must hold for the double count too
             )
             b = experiment.oracle_baseline(env, mu, est)
             dp = composed_moments(env, mu, old, est.mapping, est.correction, mode, b, agg)
@@ -123,7 +124,9 @@ def test_experiment_run_with_old_is_exact_at_T_64_by_dp():
         Estimator("ppo_clip", aggregation=agg, correction="tis_token"),
         Estimator("is_token", aggregation=agg, correction="mis_token"),
         Estimator("is_seq", aggregation=agg, correction="is_seq"),
-        Estimator("ppo_clip", aggregation=agg, correction="icepop", mode="bypass"),
+        Estimator(
+            "ppo_clip", aggregation=agg, correction="icepop", mode="bypass", allow_same_ratio=True
+        ),
         Estimator("ppo_clip", aggregation=agg),  # no correction: one ratio π/μ
     ]
     ex = experiment.run(env, mu, ests, n=4, reps=2, exact=True, old=old, progress=False)

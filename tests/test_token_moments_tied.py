@@ -304,3 +304,28 @@ def test_tied_second_moment_beyond_the_float_range_is_inf():
     dp = tied_moments(env, mu, mappings.get("is_seq"), 0.5)
     assert dp.second == np.inf
     assert np.all(np.isfinite(dp.mean))
+
+
+@pytest.mark.parametrize("T", [64, 512])
+def test_run_with_tied_params_is_exact_beyond_enumeration(T):
+    """experiment.run(params="tied") plans the tied DP beyond enumeration: ``exact`` rows with
+    ``method = "dp"``; at T = 64 their variance and bias equal the pairwise DP written above
+    (to 1e-10), at T = 512 they are finite and sequence IS is unbiased."""
+    env = TokenMDP.markov(3, T, target=1, eos=2, seed=2, stationary=False)
+    mu = noisy_policy(env.logits, 11, 0.3)
+    names = ("naive", "ppo_clip", "is_seq")
+    ests = [Estimator(mappings.get(m), aggregation="seq-mean-token-sum", name=m) for m in names]
+    n = 8
+    table = experiment.run(env, mu, ests, n=n, reps=3, exact=True, params="tied", progress=False)
+    assert table.exact.all() and (table.method == "dp").all()
+    rows = table.set_index("estimator")
+    assert rows.loc["is_seq", "bias"] < 1e-10 * max(1.0, rows.loc["is_seq", "mse_zero"] ** 0.5)
+    assert np.isfinite(rows[["variance", "mse_scaled", "rel_mse_scaled"]].to_numpy()).all()
+    if T == 64:
+        grad = experiment.tie(env.grad_J(), env.T)
+        for name in ("naive", "ppo_clip"):
+            m = mappings.get(name)
+            mean, second = _pair_dp(env, mu, m, env.J(mu))
+            var = (second - float(mean @ mean)) / n
+            assert rows.loc[name, "variance"] == pytest.approx(var, rel=1e-10)
+            assert rows.loc[name, "bias"] == pytest.approx(np.linalg.norm(mean - grad), rel=1e-10)

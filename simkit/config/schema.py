@@ -370,6 +370,7 @@ class EstimatorConfig(Frozen):
     correction_params: Params = ()
     mode: Literal[composition.MODES] = "decoupled"
     denominator: Literal[composition.DENOMINATORS] = "valid"
+    allow_same_ratio: StrictBool = False
     seed: NonNegInt = 0
 
     @model_validator(mode="after")
@@ -449,7 +450,11 @@ class EstimatorConfig(Frozen):
         correction = self._correction()
         try:
             composition.check_correction(
-                mappings.get(self.mapping), correction, self.mode, self.denominator
+                mappings.get(self.mapping),
+                correction,
+                self.mode,
+                self.denominator,
+                self.allow_same_ratio,
             )
         except (ValueError, TypeError) as exc:
             where = ".mode" if self.mode != "decoupled" else ".correction"
@@ -484,6 +489,7 @@ class EstimatorConfig(Frozen):
                 correction=correction,
                 mode=self.mode,
                 denominator=self.denominator,
+                allow_same_ratio=self.allow_same_ratio,
                 seed=self.seed,
             )
         except (ValueError, TypeError) as exc:
@@ -497,7 +503,8 @@ class EstimatorConfig(Frozen):
         for key in ("params", "grid", "correction_params"):
             if not d[key]:
                 del d[key]
-        for key, default in (("mode", "decoupled"), ("denominator", "valid"), ("seed", 0)):
+        defaults = (("mode", "decoupled"), ("denominator", "valid"), ("allow_same_ratio", False))
+        for key, default in (*defaults, ("seed", 0)):
             if d[key] == default:
                 del d[key]
         if d["grid_mode"] == "product":

@@ -24,7 +24,7 @@ import pandas as pd
 
 from simkit._validation import check_seed, int_at_least
 from simkit.estimators import as_estimators
-from simkit.experiment import run
+from simkit.experiment.runner import run
 
 __all__ = ["Summary", "ensemble", "instance_seeds", "summarize"]
 

@@ -103,7 +103,7 @@ def exact_moments(
     est.check_batch_size(n)
     mu = env.check_policy(behaviour, "behaviour")
     if how.method == "dp":  # beyond enumeration: the moment DP
-        return _dp_moments(env, mu, est, n, old)
+        return _dp_moments(env, mu, est, n, old, params)
     baseline = oracle_baseline(env, mu, est)
     atoms = env.support(mu, baseline)
     mask = np.asarray(atoms.mask, dtype=bool)  # (M, T)
@@ -215,17 +215,28 @@ def has_exact_path(env, estimator, params: str = "untied") -> bool:
     return plan(as_estimator(estimator), env, params).exact
 
 
-def _dp_moments(env, mu, est: Estimator, n: int, old=None) -> ExactMoments:
-    """Exact moments by the token-MDP DP (:mod:`simkit.envs.token_moments`), any T; a composed
-    estimator by :func:`~simkit.envs.token_moments.composed_moments` with π_old = ``old``."""
+def _dp_moments(env, mu, est: Estimator, n: int, old=None, params: str = "untied") -> ExactMoments:
+    """Exact moments by the token-MDP DP (:mod:`simkit.envs.token_moments`; tied parameters:
+    :mod:`simkit.envs.token_moments_tied`), any T; a composed estimator with π_old = ``old``.
+    The kept fractions by :func:`simkit.envs.token_kept.kept_dp` where it applies (NaN
+    otherwise)."""
+    from simkit.envs.token_kept import kept_dp, kept_dp_applies
+    from simkit.envs.token_moments_tied import tied_composed_moments, tied_moments
+
     b = oracle_baseline(env, mu, est)
+    tied = params == "tied"
     if est.correction is None:  # one ratio π/μ, whatever π_old is
-        m = dp_moments(env, mu, est.mapping, b, est.aggregation, est.max_length)
+        moments_of = tied_moments if tied else dp_moments
+        m = moments_of(env, mu, est.mapping, b, est.aggregation, est.max_length)
     else:
-        m = composed_moments(
+        moments_of = tied_composed_moments if tied else composed_moments
+        m = moments_of(
             env, mu, old, est.mapping, est.correction, est.mode, b, est.aggregation, est.max_length
         )
-    return ExactMoments(mean=m.mean, variance=m.variance(n), ess=m.ess(n), method="dp")
+    kept = {"kept": math.nan, "kept_seq": math.nan}
+    if not kept_dp_applies(env, est.mapping, est.correction, est.mode):
+        kept = kept_dp(env, mu, est.mapping, b, est.correction, old, est.mode)
+    return ExactMoments(mean=m.mean, variance=m.variance(n), ess=m.ess(n), method="dp", **kept)
 
 
 def exact_metrics(moments: ExactMoments, grad_J) -> dict[str, float]:

@@ -16,7 +16,8 @@ The rules, in order (the first that applies decides):
 4. The environment's support can be enumerated (the bandit; a token MDP within the enumeration
    budget) → ``enumeration`` (:func:`simkit.experiment.exact.exact_moments`).
 5. A moment DP applies (:mod:`simkit.envs.token_moments` for untied parameters, composed
-   estimators included) → ``dp``.
+   estimators included; :mod:`simkit.envs.token_moments_tied` for tied ones, whose second
+   moment carries the cross-position terms) → ``dp``.
 6. Otherwise → ``monte_carlo``, with the DP's reason.
 """
 
@@ -90,7 +91,11 @@ def dp_obstacle(est: Estimator, env, params: str) -> str:
     from simkit.envs.token_moments import composed_dp_applies
 
     if params == "tied":
-        return "the moment DP is for untied parameters"
+        from simkit.envs.token_moments_tied import tied_composed_dp_applies
+
+        return tied_composed_dp_applies(
+            env, est.mapping, est.correction, est.mode, est.aggregation, est.denominator
+        )
     return composed_dp_applies(
         env, est.mapping, est.correction, est.mode, est.aggregation, est.denominator
     )
