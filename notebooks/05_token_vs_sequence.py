@@ -410,7 +410,8 @@ print("rel_mse_scaled of naive / is_token / is_seq at the longest T:",
 # lines printed above say from which $T$ it beats all five (there the MSE ranks gradient
 # magnitude, not quality). The scale-free error `rel_mse_scaled`, the error after the best step
 # size divided by $\|\nabla J\|^2$ (printed; between 0 and 1, asserted), ranks them by what a
-# tuned learning rate would achieve — on this one instance. The crossing is not a constant of nature: it moves with the mismatch and with the
+# tuned learning rate would achieve — on this one instance. The crossing is not a constant of
+# nature: it moves with the mismatch and with the
 # batch size (exercise 2). Try it:
 
 
