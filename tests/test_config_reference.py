@@ -11,6 +11,11 @@ main into ``arch`` after 95ca35c, whose only changes to that table are issue 12'
 the ``cell`` keys included, was bit-identical to 1d2fb07's table. They include the ``cell``
 column, so the cell keys (content hashes of every cell's parameters) are checked too.
 
+``train_quick``'s table was updated at issue 23 (lag counted in optimizer updates): the
+``cell`` keys changed because the training configuration gained the ``lag_updates`` field, and
+the columns ``lag_updates``, ``policy_age_min`` / ``_mean`` / ``_max`` were appended; every
+saved value of the other columns was kept and still matches to rounding.
+
 The default advantage of both configs is ``"oracle"`` as it was in main at that commit. When the
 meaning of an advantage, an estimator or an environment changes on purpose (for example issue
 12's ``oracle`` / ``oracle_pi`` split), these tables change with it: regenerate them with

@@ -765,6 +765,7 @@ COMPOSED = [
     ("kl_cov", "tis_seq", "decoupled", {}),
     ("naive", "is_seq", "bypass", {}),
     ("ppo_clip", "geo_mask", "bypass", {"denominator": "kept"}),
+    ("ppo_clip", "tis_token", "bypass", {"allow_same_ratio": True}),
     ("vespo", "tis_token", "trl_vespo", {}),
     ("vespo", "icepop", "trl_vespo", {}),
 ]
@@ -817,8 +818,10 @@ def test_composed_loss_bad_input():
         losses.policy_loss("ppo_clip", *args, correction="tis_token")
     with pytest.raises(ValueError, match="no rollout_log_prob"):
         losses.policy_loss(
-            "ppo_clip", *args, correction="tis_token", mode="bypass", rollout_log_prob=args[1]
+            "ppo_clip", *args, correction="geo_mask", mode="bypass", rollout_log_prob=args[1]
         )
+    with pytest.raises(ValueError, match="both act on the one ratio"):
+        losses.policy_loss("ppo_clip", *args, correction="tis_token", mode="bypass")
     with pytest.raises(ValueError, match="pass correction"):
         losses.policy_loss("ppo_clip", *args, rollout_log_prob=args[1])
     with pytest.raises(ValueError, match="valid modes"):

@@ -109,6 +109,25 @@ def test_decoupled_ppo_tis_first_update_is_reinforce_and_it_differs_under_lag():
     assert not a["loss"].equals(b["loss"])  # the correction acts on π_old/μ
 
 
+def test_bypass_training_runs_and_its_first_update_is_reinforce():
+    """mode 'bypass' (π_old := μ): the trainer passes log μ as old_log_prob and no
+    rollout_log_prob; on-policy the first update of naive × is_seq and of PPO × TIS
+    (allow_same_ratio) is REINFORCE's."""
+    cfg = dict(steps=1, minibatch_size=16, lr=0.05, response_length=3, eval_samples=4)
+    ref = model()
+    train_lm(ref, LMTrainConfig(mapping="naive", **cfg), seed=3)
+    for kw in (
+        dict(mapping="naive", correction="is_seq"),
+        dict(mapping="ppo_clip", correction="tis_token", allow_same_ratio=True),
+    ):
+        m = model()
+        train_lm(m, LMTrainConfig(mode="bypass", **kw, **cfg), seed=3)
+        torch.testing.assert_close(params(m), params(ref), rtol=0, atol=1e-6)
+    a = train_lm(model(), small(mapping="naive", correction="geo_mask", mode="bypass"), seed=1)
+    b = train_lm(model(), small(mapping="naive"), seed=1)
+    assert not a["loss"].equals(b["loss"])  # the mask acts on π/μ under lag
+
+
 def test_generators_are_built_on_the_models_device(monkeypatch):
     """Every generator of a run (rollouts and held-out evaluations) is created on the device of
     the model's parameters, so that ``torch.multinomial`` can use it there (CPU here)."""

@@ -45,9 +45,9 @@ mapping hyperparameters, the setting, ``T`` (max response length), ``n``, ``reps
 averaged over μ's tokens), ``chi2_seq``/``kl_seq``/``tv_seq`` (Monte Carlo from μ's draws:
 E_μ W² − 1, E_μ[W log W], ½E_μ|W − 1|, W = π(y)/μ(y)), ``bias``, ``bias_dir``, ``cosine``,
 ``variance``, ``mse``, ``snr``, ``ess``, ``mse_scaled``, ``rel_mse_scaled``, ``kept``,
-``kept_seq`` (each with ``_lo``/``_hi``), ``khat``, ``exact``, and ``bias_sq``, ``bias_sq_se``,
-``grad_norm`` (debiased ‖∇J‖), ``ref_variance``, ``ref_se``, ``J`` (the pilot estimate of J(π)),
-``J_mu`` (the pilot estimate of J(μ)), ``mse_zero``, ``alpha_star``, ``reliable``,
+``kept_seq`` (each with ``_lo``/``_hi``), ``mse_zero``, ``alpha_star``, ``khat``, ``exact``,
+and ``bias_sq``, ``bias_sq_se``, ``grad_norm`` (debiased ‖∇J‖), ``ref_variance``, ``ref_se``,
+``J`` (the pilot estimate of J(π)), ``J_mu`` (the pilot estimate of J(μ)), ``reliable``,
 ``tail_draws``, and ``behaviour``, ``strength`` (μ's generator and knob).
 
 **Baselines.** The ``oracle`` advantage is A = R − J(μ) (DESIGN.md: the baseline real trainers
@@ -232,8 +232,6 @@ _EXTRA_COLUMNS = [
     "ref_se",
     "J",
     "J_mu",
-    "mse_zero",
-    "alpha_star",
     "reliable",
     "tail_draws",
 ]
@@ -543,8 +541,6 @@ def gradient_study(
                 "ref_se": math.sqrt(metrics["ref_variance"] / n_ref),
                 "J": J,
                 "J_mu": J_mu,
-                "mse_zero": metrics["mse_zero"],
-                "alpha_star": metrics["alpha_star"],
                 "reliable": metrics["reliable"],
                 "tail_draws": metrics["tail_draws"],
             }

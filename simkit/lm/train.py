@@ -330,8 +330,10 @@ def train_lm(model, config: LMTrainConfig, seed: int = 0, *, out_dir=None, stop_
                 composed = dict(
                     correction=config.correction,
                     mode=config.mode,
-                    rollout_log_prob=log_mu[rows_j],
+                    allow_same_ratio=config.allow_same_ratio,
                 )
+                if config.mode != "bypass":  # bypass: old_log_prob is log μ itself
+                    composed["rollout_log_prob"] = log_mu[rows_j]
             old = log_mu if config.correction is None or config.mode == "bypass" else log_old
             loss, _ = losses.policy_loss(
                 config.mapping,

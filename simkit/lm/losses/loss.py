@@ -108,6 +108,7 @@ def policy_loss(
     correction=None,
     mode: str = "decoupled",
     rollout_log_prob=None,
+    allow_same_ratio: bool = False,
     **hyperparams,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy loss of weight mapping ``name`` and its metrics.
@@ -147,6 +148,11 @@ def policy_loss(
         on log π − log μ too. ``mode="trl_vespo"``: TRL's VESPO, the token correction folded into
         W (mapping ``vespo``). ``denominator="kept"`` then counts the tokens both rejections
         keep. The metrics describe the mapping's ratio (π/π_old, or π/μ in bypass mode).
+    allow_same_ratio : bool
+        ``mode="bypass"`` with a mapping and a correction that both carry the ratio (e.g. PPO
+        clip × TIS: c = r·min(r, C) at A < 0, the ratio counted twice) is refused unless True,
+        as :class:`simkit.estimators.Estimator` refuses it
+        (:func:`simkit.composition.check_correction`).
     **hyperparams
         The mapping's hyperparameters (names and defaults of ``simkit.mappings``).
 
@@ -220,7 +226,15 @@ def policy_loss(
     )
 
     corr, c_corr = _correction_weights(
-        mapping, correction, mode, rollout_log_prob, denominator, batch, old, dtype
+        mapping,
+        correction,
+        mode,
+        rollout_log_prob,
+        denominator,
+        batch,
+        old,
+        dtype,
+        allow_same_ratio,
     )
     if corr is not None and mode == "trl_vespo":
         terms = _Terms(seq=c_corr)  # φ(W) with the correction folded into W
@@ -313,12 +327,14 @@ def _leg_batch(log_ratio: torch.Tensor, b: _Batch) -> _Batch:
     )
 
 
-def _correction_weights(mapping, correction, mode, rollout_log_prob, denominator, b, old, dtype):
+def _correction_weights(
+    mapping, correction, mode, rollout_log_prob, denominator, b, old, dtype, allow_same_ratio=False
+):
     """(correction Mapping or None, its detached token weights (N, T) or None); for
     ``trl_vespo`` the second item is φ(W) per row (N,) with the token correction in W."""
     from simkit import composition
 
-    corr = composition.check_correction(mapping, correction, mode, denominator)
+    corr = composition.check_correction(mapping, correction, mode, denominator, allow_same_ratio)
     if corr is None:
         if rollout_log_prob is not None:
             raise ValueError("rollout_log_prob applies to a composed loss only (pass correction)")
