@@ -388,3 +388,17 @@ def test_training_figures_state_the_drift_reached(stale, mism, cmap):
         largest = data.runs["kl_seq_max"].max()
         assert f"largest KL_seq(π‖μ) at a recorded step {largest:.3g} nats" in text
         assert largest == data.table.loc[data.table["recorded"], "kl_seq"].max()
+
+
+def test_every_recipe_is_drawn_distinctly():
+    """Two recipes on one plot never share colour and line style (token-TIS is decoupled PPO
+    clip × TIS: its mapping is GRPO's, so it takes TIS's colour)."""
+    looks = {
+        name: (
+            staleness_curves.recipe_style(name)["color"],
+            staleness_curves.recipe_style(name)["linestyle"],
+        )
+        for name in recipes.RECIPES
+    }
+    assert len(set(looks.values())) == len(looks), looks
+    assert looks["tis"][0] == style.color("tis_token") != looks["grpo"][0]

@@ -575,9 +575,13 @@ def compute(cfg: Config, workers: int | None = None) -> Data:
 
 
 def recipe_style(recipe: str, **overrides) -> dict:
-    """Line style of a recipe: the house style of its mapping, labelled with the recipe."""
-    mapping = RECIPES[recipe].mapping
-    kwargs = style.line_kwargs(mapping, **overrides)
+    """Line style of a recipe, labelled with the recipe: the house style of its mapping; a
+    decoupled recipe takes its correction's colour (token-TIS = PPO clip × TIS is drawn in TIS's
+    colour, not in GRPO's) with its mapping's line style and marker."""
+    r = RECIPES[recipe]
+    if r.correction is not None:
+        overrides = {"color": style.color(r.correction), **overrides}
+    kwargs = style.line_kwargs(r.mapping, **overrides)
     kwargs["label"] = recipe_label(recipe)
     return kwargs
 
