@@ -80,7 +80,7 @@ def _write(tmp_path, df, name="r.parquet"):
     [
         (
             pd.DataFrame({"logp": [[-1.0]], "rollout_log_probs": [[-1.0]], "rewards": [1.0]}),
-            r"no log_pi column: expected one of old_log_probs.*"
+            r"r.parquet: one leg only: no log_pi column \(expected one of old_log_probs.*"
             r"columns found: logp, rollout_log_probs",
         ),
         (

@@ -23,17 +23,8 @@ and writes a report directory (``report.md``, ``diagnose.png``, ``metrics.json``
   ``rel_mse_scaled`` (:mod:`simkit.lm.twin_dist`; MSE rewards mappings that shrink or drop
   samples, the scale-free error does not), with its caveats.
 
-Input formats (:func:`read_rollouts`): parquet (``.parquet``) or JSON lines (``.jsonl``,
-``.json``). *Wide*: one row per response with list-valued per-token columns — verl's
-``old_log_probs``, ``rollout_log_probs``, ``response_mask``, ``token_level_scores`` (summed to
-the sequence reward) / ``advantages``; TRL's ``old_per_token_logps``,
-``sampling_per_token_logps``, ``completion_mask``, ``advantages``; simkit's own ``log_pi``,
-``log_mu``, ``mask``, ``reward`` (what ``simkit lm dump`` writes). *Long*: one row per token
-with ``sample_id`` and ``position`` columns and scalar per-token values. Any other naming is
-mapped with the ``columns`` argument (CLI flags ``--log-pi``, ``--log-mu``, ``--mask``,
-``--reward``, ``--id``, ``--position``). Bad input — missing columns (the message lists those
-found), per-token lists of different lengths, NaN/inf log-probabilities, an empty file — raises
-:class:`RolloutError` before anything is written; the report directory is written to a
+Input: :func:`simkit.diagnose.readers.read_rollouts` (trainer dumps, tables). Bad input
+raises :class:`RolloutError` before anything is written; the report directory is written to a
 temporary sibling and renamed at the end, so it is never half-written.
 
 numpy / pandas / matplotlib; no torch.
@@ -42,24 +33,14 @@ numpy / pandas / matplotlib; no torch.
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
-#: accepted names of each role, in order of preference (verl, TRL, simkit)
-ROLES = {
-    "log_pi": ("old_log_probs", "old_per_token_logps", "log_pi", "trainer_log_probs"),
-    "log_mu": ("rollout_log_probs", "sampling_per_token_logps", "log_mu", "behaviour_log_probs"),
-    "mask": ("response_mask", "completion_mask", "mask", "attention_mask"),
-    "reward": ("token_level_scores", "rewards", "reward", "score", "scores", "advantages"),
-    "id": ("sample_id", "sequence_id", "seq_id", "uid", "row"),
-    "position": ("position", "token_index", "t", "pos"),
-}
+from simkit.diagnose.readers import LoadedRollouts, RolloutError, read_rollouts
+
 THRESHOLDS = (0.1, 0.5, 1.0, 2.0, 5.0)
 CAVEATS = (
     "The twin replays the logged responses (π by self-normalised importance weights) with the "
@@ -73,171 +54,6 @@ CAVEATS = (
     "Checked against exact tree values on a truncated SmolLM2 and the tiny Llama (the lm_vs_sim "
     "figure): rank agreement is measured there, not guaranteed elsewhere.",
 )
-
-
-class RolloutError(ValueError):
-    """Bad rollout input (the message says what was found and what is expected)."""
-
-
-@dataclass(frozen=True)
-class LoadedRollouts:
-    """Per-token arrays (N, T) padded after each response, the rewards (N,), where each role
-    was read from (``sources``: role → column name) and the format (``"wide"``/``"long"``)."""
-
-    log_pi: np.ndarray
-    log_mu: np.ndarray
-    mask: np.ndarray
-    rewards: np.ndarray
-    sources: dict
-    layout: str
-
-
-def _read_table(path: Path) -> pd.DataFrame:
-    if not path.exists():
-        raise RolloutError(f"rollout file {str(path)!r} does not exist")
-    if path.stat().st_size == 0:
-        raise RolloutError(f"rollout file {str(path)!r} is empty")
-    suffix = path.suffix.lower()
-    try:
-        if suffix == ".parquet":
-            df = pd.read_parquet(path)
-        elif suffix in (".jsonl", ".json"):
-            df = pd.read_json(path, lines=True)
-        else:
-            raise RolloutError(
-                f"rollout file {str(path)!r}: expected .parquet, .jsonl or .json, got {suffix!r}"
-            )
-    except RolloutError:
-        raise
-    except Exception as err:  # any reader failure is a bad file
-        raise RolloutError(f"cannot read {str(path)!r}: {err}") from None
-    if df.empty:
-        raise RolloutError(f"rollout file {str(path)!r} has no rows")
-    return df
-
-
-def _pick(df: pd.DataFrame, role: str, override: str | None, required: bool = True):
-    if override is not None:
-        if override not in df.columns:
-            raise RolloutError(
-                f"column {override!r} (given for {role}) is not in the file; columns found: "
-                f"{', '.join(map(str, df.columns))}"
-            )
-        return override
-    for name in ROLES[role]:
-        if name in df.columns:
-            return name
-    if required:
-        raise RolloutError(
-            f"no {role} column: expected one of {', '.join(ROLES[role])} (or name it with "
-            f"--{role.replace('_', '-')}); columns found: {', '.join(map(str, df.columns))}"
-        )
-    return None
-
-
-def _as_list(value, row: int, col: str) -> np.ndarray:
-    if isinstance(value, np.ndarray | list | tuple):
-        arr = np.asarray(value, dtype=np.float64)
-    elif value is None or (isinstance(value, float) and math.isnan(value)):
-        raise RolloutError(f"row {row}: {col} is missing")
-    else:
-        raise RolloutError(f"row {row}: {col} must be a list of per-token values, got {value!r}")
-    if arr.ndim != 1:
-        raise RolloutError(f"row {row}: {col} must be a flat list, got shape {arr.shape}")
-    return arr
-
-
-def read_rollouts(path, columns: dict | None = None) -> LoadedRollouts:
-    """Rollouts from ``path`` (module docstring: formats, names, errors). ``columns``: role →
-    column name overrides (roles ``log_pi``, ``log_mu``, ``mask``, ``reward``, ``id``,
-    ``position``)."""
-    columns = dict(columns or {})
-    unknown = sorted(set(columns) - set(ROLES))
-    if unknown:
-        raise RolloutError(f"unknown column roles {unknown}; roles: {', '.join(ROLES)}")
-    df = _read_table(Path(path))
-    lp_col = _pick(df, "log_pi", columns.get("log_pi"))
-    lq_col = _pick(df, "log_mu", columns.get("log_mu"))
-    m_col = _pick(df, "mask", columns.get("mask"), required=False)
-    r_col = _pick(df, "reward", columns.get("reward"))
-    id_col = _pick(df, "id", columns.get("id"), required=False)
-    pos_col = _pick(df, "position", columns.get("position"), required=False)
-    sample = df[lp_col].iloc[0]
-    wide = isinstance(sample, np.ndarray | list | tuple)
-    sources = {"log_pi": lp_col, "log_mu": lq_col, "mask": m_col, "reward": r_col}
-    if wide:
-        rows = []
-        for i in range(len(df)):
-            lp = _as_list(df[lp_col].iloc[i], i, lp_col)
-            lq = _as_list(df[lq_col].iloc[i], i, lq_col)
-            m = (
-                np.ones(lp.shape, dtype=bool)
-                if m_col is None
-                else _as_list(df[m_col].iloc[i], i, m_col) != 0
-            )
-            if not (lp.shape == lq.shape == m.shape):
-                raise RolloutError(
-                    f"row {i}: per-token lengths differ: {lp_col} has {lp.size}, {lq_col} "
-                    f"{lq.size}" + ("" if m_col is None else f", {m_col} {m.size}")
-                )
-            rv = df[r_col].iloc[i]
-            r = (
-                float(np.sum(_as_list(rv, i, r_col)))
-                if isinstance(rv, np.ndarray | list | tuple)
-                else float(rv)
-            )
-            if r_col == "advantages" and isinstance(rv, np.ndarray | list | tuple):
-                vals = _as_list(rv, i, r_col)[m]
-                r = float(vals[0]) if vals.size else 0.0  # a sequence advantage repeated per token
-            rows.append((lp, lq, m, r))
-        T = max(x[0].size for x in rows)
-        N = len(rows)
-        log_pi, log_mu = np.zeros((N, T)), np.zeros((N, T))
-        mask = np.zeros((N, T), dtype=bool)
-        rewards = np.empty(N)
-        for i, (lp, lq, m, r) in enumerate(rows):
-            log_pi[i, : lp.size], log_mu[i, : lq.size], mask[i, : m.size] = lp, lq, m
-            rewards[i] = r
-        layout = "wide"
-    else:
-        if id_col is None or pos_col is None:
-            raise RolloutError(
-                "per-token columns hold scalars (long format) but no sample id / position column "
-                f"was found: expected {', '.join(ROLES['id'])} and {', '.join(ROLES['position'])} "
-                f"(or --id / --position); columns found: {', '.join(map(str, df.columns))}"
-            )
-        ids, inv = np.unique(df[id_col].to_numpy(), return_inverse=True)
-        pos = df[pos_col].to_numpy()
-        if not np.issubdtype(pos.dtype, np.integer) or pos.min() < 0:
-            raise RolloutError(f"{pos_col} must hold non-negative integer positions")
-        N, T = len(ids), int(pos.max()) + 1
-        if pd.DataFrame({"i": inv, "p": pos}).duplicated().any():
-            raise RolloutError(f"two rows share a ({id_col}, {pos_col}) pair")
-        log_pi, log_mu = np.zeros((N, T)), np.zeros((N, T))
-        mask = np.zeros((N, T), dtype=bool)
-        log_pi[inv, pos] = df[lp_col].to_numpy(dtype=np.float64)
-        log_mu[inv, pos] = df[lq_col].to_numpy(dtype=np.float64)
-        mask[inv, pos] = True if m_col is None else df[m_col].to_numpy() != 0
-        per = df.groupby(inv)[r_col]
-        if (per.nunique() > 1).any() and r_col != "token_level_scores":
-            raise RolloutError(f"{r_col} differs between the tokens of one sample (long format)")
-        rewards = (per.sum() if r_col == "token_level_scores" else per.first()).to_numpy(float)
-        layout = "long"
-    for name, x in (("log_pi", log_pi), ("log_mu", log_mu)):
-        bad = ~np.isfinite(x) & mask
-        if bad.any():
-            i, t = np.argwhere(bad)[0]
-            raise RolloutError(
-                f"{sources[name]} has {int(bad.sum())} NaN/inf values on valid tokens (first: "
-                f"response {i}, token {t})"
-            )
-    if not np.all(np.isfinite(rewards)):
-        raise RolloutError(f"{r_col} has NaN/inf values")
-    empty = ~mask.any(axis=1)
-    if empty.all():
-        raise RolloutError("no response has a valid token (mask is all 0)")
-    keep = ~empty
-    return LoadedRollouts(log_pi[keep], log_mu[keep], mask[keep], rewards[keep], sources, layout)
 
 
 # --- metrics ---------------------------------------------------------------------------------
@@ -479,82 +295,3 @@ def diagnose(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
-
-
-# --- CLI -------------------------------------------------------------------------------------
-
-
-def register(subparsers) -> None:
-    """Add ``simkit diagnose``."""
-    from simkit.cli_common import add_command
-
-    p = add_command(
-        subparsers,
-        "diagnose",
-        help="how off-policy are logged rollouts (chi2, KL, ESS, k-hat) and which mapping fits",
-        description=(
-            "Read rollouts with per-token trainer (pi) and rollout-engine (mu) log-probs,\n"
-            "response mask and rewards (parquet or JSONL; verl and TRL column names are\n"
-            "recognised, a long per-token format too) and write a report directory:\n"
-            "report.md, diagnose.png, metrics.json (chi2, KL k1/k3, ESS, k-hat, length\n"
-            "profile, heavy tails, and the distribution-matched twin's predicted bias,\n"
-            "variance and MSE of every weight mapping relative to naive, ranked)."
-        ),
-        epilog=(
-            "examples:\n"
-            "  simkit diagnose rollouts.parquet --out report/\n"
-            "  simkit diagnose steps.jsonl --log-pi logp_train --log-mu logp_vllm --reward acc\n"
-            "  simkit lm dump -b precision:bf16 --out dump.parquet\n"
-            "  simkit diagnose dump.parquet --out dump-report\n"
-        ),
-    )
-    p.add_argument("rollouts", metavar="ROLLOUTS", help="a .parquet or .jsonl file")
-    p.add_argument("--out", default=None, help="report directory (default: <ROLLOUTS>.report)")
-    for role in ROLES:
-        p.add_argument(
-            f"--{role.replace('_', '-')}",
-            dest=f"col_{role}",
-            metavar="COLUMN",
-            help=f"column of {role} (default: {', '.join(ROLES[role][:3])}, ...)",
-        )
-    p.add_argument("--n", type=int, default=8, help="batch size of the twin's estimators (8)")
-    p.add_argument("--boot", type=int, default=20, help="bootstrap refits of the twin (20)")
-    p.add_argument("--mappings", default=None, metavar="A,B,...", help="mappings (default all)")
-    p.add_argument("--force", action="store_true", help="replace an existing report directory")
-    p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=_run)
-
-
-def _run(args) -> int:
-    import sys
-
-    from simkit.cli_common import usage_errors
-    from simkit.cli_errors import CLIError
-
-    if args.n < 1 or args.boot < 2:
-        raise CLIError(f"--n must be >= 1 and --boot >= 2, got {args.n} and {args.boot}")
-    names = None
-    if args.mappings:
-        from simkit import mappings
-
-        names = [s.strip() for s in args.mappings.split(",") if s.strip()]
-        bad = [x for x in names if x not in mappings.available()]
-        if bad:
-            raise CLIError(
-                f"--mappings: unknown {bad}; available: {', '.join(mappings.available())}"
-            )
-    columns = {r: getattr(args, f"col_{r}") for r in ROLES if getattr(args, f"col_{r}")}
-    out = args.out or f"{args.rollouts}.report"
-    with usage_errors(RolloutError):
-        path = diagnose(
-            args.rollouts,
-            out,
-            columns=columns,
-            n=args.n,
-            n_boot=args.boot,
-            seed=args.seed,
-            mappings_=names,
-            force=args.force,
-        )
-    print(f"wrote {path}/report.md, diagnose.png, metrics.json", file=sys.stderr)
-    return 0
