@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from simkit.diagnose.readers import ROLES, RolloutError
+from simkit.diagnose.readers import ROLES, RolloutError, flag
 from simkit.diagnose.report import diagnose
 
 
@@ -15,12 +15,14 @@ def register(subparsers) -> None:
         "diagnose",
         help="how off-policy are logged rollouts (chi2, KL, ESS, k-hat) and which mapping fits",
         description=(
-            "Read rollouts with per-token trainer (pi) and rollout-engine (mu) log-probs,\n"
-            "response mask and rewards (parquet or JSONL; verl and TRL column names are\n"
-            "recognised, a long per-token format too) and write a report directory:\n"
-            "report.md, diagnose.png, metrics.json (chi2, KL k1/k3, ESS, k-hat, length\n"
-            "profile, heavy tails, and the distribution-matched twin's predicted bias,\n"
-            "variance and MSE of every weight mapping relative to naive, ranked)."
+            "Read a trainer's dump with per-token log-probs of the trainer at rollout time\n"
+            "(pi_old), the rollout engine (mu) and, when present, the trainer at update time\n"
+            "(pi): parquet/JSONL tables (verl, TRL, NeMo-RL, prime-rl names), SkyRL's\n"
+            "dump_data_batch .pkl, verl's DataProto.save_to_disk .pkl, torch.save'd .pt.\n"
+            "Writes report.md, diagnose.png, metrics.json: per leg (pi_old||mu mismatch,\n"
+            "pi||pi_old staleness) chi2, KL, ESS, k-hat, length profile, heavy tails, and\n"
+            "the distribution-matched twin's ranking of the mappings that act on that leg\n"
+            "by the scale-free error (refused when ESS < 30 or k-hat > 0.7)."
         ),
         epilog=(
             "examples:\n"
@@ -34,12 +36,27 @@ def register(subparsers) -> None:
     p.add_argument("--out", default=None, help="report directory (default: <ROLLOUTS>.report)")
     for role in ROLES:
         p.add_argument(
-            f"--{role.replace('_', '-')}",
+            f"--{flag(role)}",
             dest=f"col_{role}",
             metavar="COLUMN",
             help=f"column of {role} (default: {', '.join(ROLES[role][:3])}, ...)",
         )
-    p.add_argument("--n", type=int, default=8, help="batch size of the twin's estimators (8)")
+    p.add_argument(
+        "--n",
+        type=int,
+        default=None,
+        help="responses per gradient (default: the dump's group size, else 8)",
+    )
+    p.add_argument(
+        "--aggregation",
+        default="seq-mean-token-sum",
+        help="loss aggregation of your trainer (default seq-mean-token-sum)",
+    )
+    p.add_argument(
+        "--advantage",
+        default=None,
+        help="advantage of your trainer (default: grpo when the dump has groups, else oracle_pi)",
+    )
     p.add_argument("--boot", type=int, default=20, help="bootstrap refits of the twin (20)")
     p.add_argument("--mappings", default=None, metavar="A,B,...", help="mappings (default all)")
     p.add_argument("--force", action="store_true", help="replace an existing report directory")
@@ -53,7 +70,7 @@ def _run(args) -> int:
     from simkit.cli_common import usage_errors
     from simkit.cli_errors import CLIError
 
-    if args.n < 1 or args.boot < 2:
+    if (args.n is not None and args.n < 1) or args.boot < 2:
         raise CLIError(f"--n must be >= 1 and --boot >= 2, got {args.n} and {args.boot}")
     names = None
     if args.mappings:
@@ -76,6 +93,8 @@ def _run(args) -> int:
             n_boot=args.boot,
             seed=args.seed,
             mappings_=names,
+            aggregation=args.aggregation,
+            advantage=args.advantage,
             force=args.force,
         )
     print(f"wrote {path}/report.md, diagnose.png, metrics.json", file=sys.stderr)

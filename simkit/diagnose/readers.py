@@ -406,13 +406,13 @@ def _pick(df: pd.DataFrame, role: str, override: str | None, where: str, require
             or [c for c in map(str, df.columns) for r in ROLES[role] if _near(c, r)][:1]
         )
         hint = (
-            f" ({close[0]!r} looks like a misspelling; name it with --{_flag(role)})"
+            f" ({close[0]!r} looks like a misspelling; name it with --{flag(role)})"
             if close
             else ""
         )
         raise RolloutError(
             f"{where}: no {role} column: expected one of {', '.join(ROLES[role])} (or name it "
-            f"with --{_flag(role)}){hint}; columns found: {found}"
+            f"with --{flag(role)}){hint}; columns found: {found}"
         )
     return None
 
@@ -421,8 +421,10 @@ def _near(a: str, b: str) -> bool:
     return difflib.SequenceMatcher(None, a.lower(), b.lower()).ratio() >= 0.85
 
 
-def _flag(role: str) -> str:
-    return role.replace("_", "-")
+def flag(role: str) -> str:
+    """The CLI flag naming the column of ``role`` (``--adv-column`` for the advantage column,
+    ``--advantage`` being the estimator's advantage)."""
+    return "adv-column" if role == "advantage" else role.replace("_", "-")
 
 
 def _as_list(value, row: int, col: str, where: str) -> np.ndarray:
@@ -487,13 +489,13 @@ def read_rollouts(path, columns: dict | None = None) -> LoadedRollouts:
         cols = list(map(str, df.columns))
         close = [c for c in cols for r in ROLES[miss] if _near(c, r)][:1]
         hint = (
-            f" ({close[0]!r} looks like a misspelling: name it with --{_flag(miss)})"
+            f" ({close[0]!r} looks like a misspelling: name it with --{flag(miss)})"
             if close
             else ""
         )
         raise RolloutError(
             f"{where}: one leg only: no {miss} column (expected one of "
-            f"{', '.join(ROLES[miss])}, or name it with --{_flag(miss)}){hint}, but {have} = "
+            f"{', '.join(ROLES[miss])}, or name it with --{flag(miss)}){hint}, but {have} = "
             f"{lp_col or lq_col!r}; the trainer–engine mismatch needs both"
             + (
                 " (slime's --save-debug-rollout-data holds the engine's log-probs only)"

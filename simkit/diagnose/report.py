@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simkit.diagnose.readers import LoadedRollouts, RolloutError, read_rollouts
+from simkit.diagnose.readers import ROLES, LoadedRollouts, RolloutError, read_rollouts
 
 THRESHOLDS = (0.1, 0.5, 1.0, 2.0, 5.0)
 CAVEATS = (
@@ -56,7 +56,58 @@ CAVEATS = (
 )
 
 
-# --- metrics ---------------------------------------------------------------------------------
+# --- legs and metrics -----------------------------------------------------------------------
+
+#: corrections that act on the trainer–engine leg π_old‖μ (detached weights on π_old/μ)
+MISMATCH_CORRECTIONS = (
+    "naive",
+    "is_token",
+    "is_seq",
+    "tis_token",
+    "tis_seq",
+    "mis_token",
+    "mis_seq",
+    "icepop",
+    "geo_mask",
+    "kl_rs",
+)
+#: surrogates that act on the ratio π/π_old (ranked only when the dump has π at update time)
+STALENESS_SURROGATES = (
+    "naive",
+    "is_token",
+    "is_seq",
+    "ppo_clip",
+    "dual_clip",
+    "dapo",
+    "gspo",
+    "gmpo",
+    "sapo",
+    "cispo",
+    "aspo",
+    "luffy",
+    "topr",
+    "vespo",
+    "m2po",
+    "token_veto",
+    "opsm",
+    "clip_cov",
+    "kl_cov",
+)
+#: the legs: key → (title, numerator / denominator roles, mappings that act on it)
+LEGS = {
+    "mismatch": ("π_old‖μ: trainer vs rollout engine", MISMATCH_CORRECTIONS),
+    "staleness": ("π‖π_old: policy at update vs at rollout (staleness)", STALENESS_SURROGATES),
+}
+#: below this ESS of the sequence weights, or above this k̂, a leg is not ranked
+MIN_ESS, MAX_KHAT = 30.0, 0.7
+
+
+def leg_arrays(ro: LoadedRollouts) -> dict:
+    """leg key → (log numerator, log denominator) per-token arrays, for the legs present."""
+    legs = {"mismatch": (ro.log_pi, ro.log_mu)}
+    if ro.log_pi_update is not None:
+        legs["staleness"] = (ro.log_pi_update, ro.log_pi)
+    return legs
 
 
 def _boot_ratio(num, den, rng, n_boot=500, level=0.95):
@@ -69,19 +120,30 @@ def _boot_ratio(num, den, rng, n_boot=500, level=0.95):
     return float(num.sum() / den.sum()), float(lo), float(hi)
 
 
-def metrics(ro: LoadedRollouts, seed: int = 0) -> dict:
-    """Every number of the report except the twin's (module docstring), as a JSON-able dict."""
+def leg_metrics(log_num, log_den, mask, seed: int = 0) -> dict:
+    """The divergence numbers of one leg, w = exp(log_num − log_den) per valid token.
+
+    ``chi2_tok``: the mean of (w − 1)², non-negative and unbiased for the per-token χ² when
+    E[w | h] = 1 (full support: E[(w−1)²] = E[w²] − 1); ``chi2_tok_w2``: the mean of w² − 1
+    (unbiased too, but can be negative at small χ²); ``mean_w``: the mean of w (1 up to noise
+    without truncation); ``kl_k1``, ``kl_k3`` (KL of the denominator from the numerator's
+    policy, Schulman 2020), ``kl_pi_mu`` (w log w); ``chi2_seq`` = mean of (W − 1)², W = Π_t w_t
+    (non-negative), ESS (Kong 1992) and N/(1 + χ²), PSIS k̂ of W (Vehtari et al. 2024), the
+    length profile, per-position χ², heavy-tail shares and quantiles of log w. Intervals: 95%
+    percentile bootstrap over responses. ``rankable`` / ``refusal``: ESS ≥ 30 and k̂ ≤ 0.7."""
     from simkit.experiment import khat_of_weights
 
     rng = np.random.default_rng(seed)
-    m = ro.mask
-    r = np.where(m, ro.log_pi - ro.log_mu, 0.0)
+    m = mask
+    r = np.where(m, log_num - log_den, 0.0)
     tokens = m.sum(1).astype(float)
     with np.errstate(over="ignore"):
         w = np.exp(np.minimum(r, 700.0))
     out = {"N": int(m.shape[0]), "T": int(m.shape[1]), "tokens": int(tokens.sum())}
     per = {
-        "chi2_tok": np.where(m, w * w - 1.0, 0.0).sum(1),
+        "chi2_tok": np.where(m, (w - 1.0) ** 2, 0.0).sum(1),
+        "chi2_tok_w2": np.where(m, w * w - 1.0, 0.0).sum(1),
+        "mean_w": np.where(m, w, 0.0).sum(1),
         "kl_k1": np.where(m, -r, 0.0).sum(1),
         "kl_k3": np.where(m, (w - 1.0) - r, 0.0).sum(1),
         "kl_pi_mu": np.where(m, w * r, 0.0).sum(1),
@@ -94,50 +156,108 @@ def metrics(ro: LoadedRollouts, seed: int = 0) -> dict:
         W = np.exp(np.minimum(logW, 700.0))
     N = len(W)
     idx = rng.integers(0, N, size=(500, N))
-    chi2_b = (W[idx] ** 2).mean(1) - 1.0
+    sq = (W - 1.0) ** 2
+    chi2_b = sq[idx].mean(1)
     out["chi2_seq"] = {
-        "value": float(np.mean(W * W) - 1.0),
+        "value": float(np.mean(sq)),
         "lo": float(np.quantile(chi2_b, 0.025)),
         "hi": float(np.quantile(chi2_b, 0.975)),
     }
     out["ess_kong"] = float(W.sum() ** 2 / np.sum(W * W)) if np.sum(W * W) > 0 else 0.0
-    out["ess_chi2"] = float(N / (1.0 + max(out["chi2_seq"]["value"], 0.0)))
+    out["ess_chi2"] = float(N / (1.0 + out["chi2_seq"]["value"]))
     out["khat_seq"] = float(khat_of_weights(W))
     out["mean_length"] = float(tokens.mean())
     running = m.mean(0)
     with np.errstate(invalid="ignore", divide="ignore"):
-        chi2_pos = np.where(m.sum(0) > 0, np.where(m, w * w - 1.0, 0.0).sum(0) / m.sum(0), np.nan)
+        chi2_pos = np.where(
+            m.sum(0) > 0, np.where(m, (w - 1.0) ** 2, 0.0).sum(0) / m.sum(0), np.nan
+        )
     out["profile"] = {
         "running": [float(x) for x in running],
         "chi2_tok": [None if not np.isfinite(x) else float(x) for x in chi2_pos],
     }
     absr = np.abs(r[m])
     out["tail_share"] = {f"{t:g}": float(np.mean(absr > t)) for t in THRESHOLDS}
+    out["tail_count"] = {f"{t:g}": int(np.sum(absr > t)) for t in THRESHOLDS}
     out["log_ratio_quantiles"] = {
         f"{q:g}": float(np.quantile(r[m], q)) for q in (0.001, 0.01, 0.5, 0.99, 0.999)
     }
-    out["reward_mean"] = float(ro.rewards.mean())
+    reasons = []
+    if out["ess_kong"] < MIN_ESS:
+        reasons.append(f"ESS of the sequence weights {out['ess_kong']:.1f} < {MIN_ESS:g}")
+    if out["khat_seq"] > MAX_KHAT:  # NaN (no Pareto tail: repeated atoms) is not a refusal
+        reasons.append(f"PSIS k̂ {out['khat_seq']:.2f} > {MAX_KHAT:g}")
+    out["rankable"] = not reasons
+    out["refusal"] = (
+        None
+        if not reasons
+        else "not ranked: "
+        + " and ".join(reasons)
+        + " (the twin's π is a self-normalised IS estimate resting on too few sequences)"
+    )
     return out
 
 
+def metrics(ro: LoadedRollouts, seed: int = 0) -> dict:
+    """Every number of the report except the twin's, per leg present (JSON-able dict):
+    ``legs``: leg key → :func:`leg_metrics`; the batch's shape, groups and reward."""
+    legs = {k: leg_metrics(a, b, ro.mask, seed=seed) for k, (a, b) in leg_arrays(ro).items()}
+    first = legs["mismatch"]
+    out = {
+        "N": first["N"],
+        "T": first["T"],
+        "tokens": first["tokens"],
+        "mean_length": first["mean_length"],
+        "reward_mean": float(ro.rewards.mean()),
+        "reward_kind": ro.reward_kind,
+        "groups": None if ro.groups is None else int(ro.groups.max() + 1),
+        "legs": legs,
+    }
+    return out
+
+
+def group_size(ro: LoadedRollouts) -> int | None:
+    """The dump's per-prompt group size when every group has the same size ≥ 2, else None."""
+    if ro.groups is None:
+        return None
+    sizes = np.bincount(ro.groups)
+    return int(sizes[0]) if sizes.min() == sizes.max() and sizes[0] >= 2 else None
+
+
 def twin_predictions(
-    ro: LoadedRollouts, n: int = 8, n_boot: int = 20, seed: int = 0, mappings_=None
+    ro: LoadedRollouts,
+    n: int = 8,
+    n_boot: int = 20,
+    seed: int = 0,
+    mappings_=None,
+    *,
+    leg: str = "mismatch",
+    aggregation: str = "seq-mean-token-sum",
+    advantage: str = "oracle_pi",
+    group: int | None = None,
 ):
-    """The distribution-matched twin's prediction for every mapping, with 90% bootstrap
-    intervals (:mod:`simkit.lm.twin_dist`): ``rel_mse_scaled`` (the scale-free error,
+    """The distribution-matched twin's prediction for every mapping that acts on ``leg``
+    (:data:`LEGS`; ``mappings_`` restricts them further), with 90% bootstrap intervals
+    (:mod:`simkit.lm.twin_dist`): ``rel_mse_scaled`` (the scale-free error,
     mse_scaled/mse_zero ∈ [0, 1]; the ranking key, lowest first), ``kept``, ``kept_seq``, and
-    bias / variance / MSE relative to naive (``rel_mse``, ``rel_bias``, ``rel_variance``)."""
+    bias / variance / MSE relative to naive (``rel_mse``, ``rel_bias``, ``rel_variance``).
+    The estimators use the user's batch size ``n``, ``aggregation`` and ``advantage``
+    (``group``: the group size of a group advantage). The staleness twin treats the logged
+    responses as draws from π_old (they are μ's; the leg's ratio is π/π_old)."""
     from simkit import mappings
-    from simkit.estimators import Estimator
+    from simkit.estimators import GROUP_ADVANTAGES, Estimator
     from simkit.lm import twin_dist
 
-    names = list(mappings_) if mappings_ is not None else mappings.available()
+    avail = set(mappings.available())
+    names = [m for m in LEGS[leg][1] if m in avail]
+    if mappings_ is not None:
+        names = [m for m in names if m in set(mappings_)]
     if "naive" not in names:
         names = ["naive", *names]
-    ests = [
-        Estimator(m, aggregation="seq-mean-token-sum", advantage="oracle_pi", name=m) for m in names
-    ]
-    logs = twin_dist.Rollouts(ro.log_pi, ro.log_mu, ro.mask, ro.rewards)
+    kw = {"group_size": group} if advantage in GROUP_ADVANTAGES else {}
+    ests = [Estimator(m, aggregation=aggregation, advantage=advantage, name=m, **kw) for m in names]
+    num, den = leg_arrays(ro)[leg]
+    logs = twin_dist.Rollouts(num, den, ro.mask, ro.rewards)
     pred = twin_dist.predict_with_intervals(logs, ests, n, n_boot=n_boot, seed=seed, reps=100)
     cols = ["mapping", "exact"] + [
         f"{k}{s}"
@@ -154,44 +274,41 @@ def _fmt(d):
     return f"{d['value']:.4g} [{d['lo']:.4g}, {d['hi']:.4g}]"
 
 
-def _markdown(path_in, ro, mt, pred) -> str:
-    lines = [
-        f"# simkit diagnose: `{path_in}`",
-        "",
-        f"{mt['N']} responses ({ro.layout} format; columns: "
-        + ", ".join(f"{k} = `{v}`" for k, v in ro.sources.items() if v)
-        + f"), {mt['tokens']} valid tokens, mean length {mt['mean_length']:.1f} (max {mt['T']}), "
-        f"mean reward {mt['reward_mean']:.4g}.",
-        "",
-        "## Mismatch between the trainer (π) and the rollout engine (μ)",
-        "",
+def _khat_word(k: float) -> str:
+    if not np.isfinite(k):
+        return "no Pareto tail to fit: too few draws or repeated weights"
+    return "unreliable" if k > MAX_KHAT else "ok"
+
+
+def _leg_table(mt: dict) -> list[str]:
+    tails = ", ".join(
+        f"> {k}: {v:.3%} ({mt['tail_count'][k]} tokens)" if mt["tail_count"][k] else f"> {k}: none"
+        for k, v in mt["tail_share"].items()
+    )
+    return [
         "| quantity | value [95% CI] |",
         "|---|---|",
-        f"| per-token χ²(π‖μ), mean of w² − 1 | {_fmt(mt['chi2_tok'])} |",
-        f"| per-token KL(μ‖π), k1 = −log w | {_fmt(mt['kl_k1'])} |",
-        f"| per-token KL(μ‖π), k3 = w − 1 − log w | {_fmt(mt['kl_k3'])} |",
-        f"| per-token KL(π‖μ), w log w | {_fmt(mt['kl_pi_mu'])} |",
-        f"| sequence χ² = E W² − 1 | {_fmt(mt['chi2_seq'])} |",
+        f"| per-token χ², mean of (w − 1)² (≥ 0) | {_fmt(mt['chi2_tok'])} |",
+        f"| per-token χ², mean of w² − 1 | {_fmt(mt['chi2_tok_w2'])} |",
+        f"| mean of w (1 without truncation) | {_fmt(mt['mean_w'])} |",
+        f"| per-token KL, k1 = −log w | {_fmt(mt['kl_k1'])} |",
+        f"| per-token KL, k3 = w − 1 − log w | {_fmt(mt['kl_k3'])} |",
+        f"| per-token KL (other direction), w log w | {_fmt(mt['kl_pi_mu'])} |",
+        f"| sequence χ², mean of (W − 1)² | {_fmt(mt['chi2_seq'])} |",
         f"| ESS of W (Kong) / N/(1+χ²) | {mt['ess_kong']:.1f} / {mt['ess_chi2']:.1f} "
         f"of {mt['N']} |",
         f"| PSIS k̂ of W | {mt['khat_seq']:.3f} "
-        f"({'unreliable' if mt['khat_seq'] > 0.7 else 'ok'}) |",
+        f"({_khat_word(mt['khat_seq'])}) |",
         "",
-        "Heavy tails — share of tokens with |log w| above a threshold: "
-        + ", ".join(f"> {k}: {v:.3%}" for k, v in mt["tail_share"].items()),
+        "Heavy tails — share of tokens with |log w| above a threshold: " + tails,
         "",
-        "![profile, tails and twin](diagnose.png)",
-        "",
-        "## What the distribution-matched twin predicts (90% bootstrap CI)",
-        "",
-        "Ranked by the predicted scale-free error `rel_mse_scaled` = min_α E‖αĝ − ∇J‖² / ‖∇J‖² "
-        "(the error after the best step size, relative to doing nothing: 1 = no better than "
-        "ĝ ≡ 0; lower is better). `kept`: share of tokens with a non-zero coefficient; "
-        "`kept seq`: share of responses with one. MSE, bias and variance are relative to naive "
-        "(MSE rewards mappings that shrink or drop samples). `exact` = per-sample mapping "
-        "(enumerated on the twin), otherwise Monte Carlo on the twin (n/a: not computed there).",
-        "",
-        f"Batch size n = {pred.attrs.get('n', 'n/a')} responses per gradient.",
+    ]
+
+
+def _ranking(pred) -> list[str]:
+    lines = [
+        f"Batch size n = {pred.attrs.get('n', 'n/a')} responses per gradient, aggregation "
+        f"`{pred.attrs.get('aggregation', 'n/a')}`, advantage `{pred.attrs.get('advantage')}`.",
         "",
         "| rank | mapping | rel. scaled MSE | kept | kept seq | rel. MSE | rel. bias "
         "| rel. variance |",
@@ -208,46 +325,142 @@ def _markdown(path_in, ro, mt, pred) -> str:
             f"| {cell('kept_seq')} | {cell('rel_mse')} | {cell('rel_bias')} "
             f"| {cell('rel_variance')} |"
         )
-    lines += ["", "## Caveats", ""] + [f"- {c}" for c in CAVEATS] + [""]
+    return lines
+
+
+def _markdown(path_in, ro, mt, preds) -> str:
+    groups = f", {mt['groups']} prompt groups (`{ro.sources['group']}`)" if mt["groups"] else ""
+    lines = [
+        f"# simkit diagnose: `{path_in}`",
+        "",
+        f"{mt['N']} responses ({ro.layout} format; columns: "
+        + ", ".join(f"{k} = `{v}`" for k, v in ro.sources.items() if v)
+        + f"), {mt['tokens']} valid tokens, mean length {mt['mean_length']:.1f} (max {mt['T']})"
+        + groups
+        + f", mean {ro.reward_kind} {mt['reward_mean']:.4g}.",
+        "",
+        "Legs: π_old‖μ (trainer at rollout vs engine) is corrected by TIS / MIS / IcePop / "
+        "geo-mask / k-rejection; π‖π_old (staleness) by the surrogates (PPO clip, GSPO, SAPO, "
+        "...). Each leg's mappings are ranked only on that leg"
+        + (
+            "."
+            if "staleness" in mt["legs"]
+            else "; this dump has no π at update time, so the surrogates are not ranked."
+        ),
+        "",
+    ]
+    for leg, lm in mt["legs"].items():
+        lines += [f"## {LEGS[leg][0]}", "", *_leg_table(lm)]
+        lines += ["### What the distribution-matched twin predicts (90% bootstrap CI)", ""]
+        if leg not in preds:
+            lines += [f"**{lm['refusal'] or 'not ranked'}**", ""]
+            continue
+        lines += [
+            "Ranked by the predicted scale-free error `rel_mse_scaled` = min_α E‖αĝ − ∇J‖² / "
+            "‖∇J‖² (the error after the best step size, relative to the signal ‖∇J‖²: 1 = no "
+            "better than ĝ ≡ 0; lower is better). `kept`: share of tokens with a non-zero "
+            "coefficient; `kept seq`: share of responses with one. MSE, bias and variance are "
+            "relative to naive. `exact` = per-sample mapping (enumerated on the twin), "
+            "otherwise Monte Carlo on the twin.",
+            "",
+        ]
+        lines += [*_ranking(preds[leg]), ""]
+    lines += ["![profile, tails and twin](diagnose.png)", ""]
+    lines += ["## Caveats", ""] + [f"- {c}" for c in CAVEATS] + [""]
     return "\n".join(lines)
 
 
-def _plot(mt, pred, path):
+def _plot(mt, preds, path):
     from simkit.figures import _common, style
 
+    lm = mt["legs"]["mismatch"]
     with style.context():
         fig = _common.new_figure(10.0, 3.4)
         ax1, ax2, ax3 = fig.subplots(1, 3)
-        prof = mt["profile"]
+        prof = lm["profile"]
         t = np.arange(len(prof["running"]))
         chi = np.array([np.nan if x is None else x for x in prof["chi2_tok"]])
         ax1.plot(t, chi, marker="o", markersize=2)
         ax1.set_xlabel("response position t")
-        ax1.set_ylabel("per-token χ² estimate")
+        ax1.set_ylabel("per-token χ²(π_old‖μ), mean (w−1)²")
         tw = ax1.twinx()
         tw.plot(t, prof["running"], color="0.5", linewidth=0.8)
         tw.set_ylim(0, 1.05)
         tw.set_ylabel("running fraction", color="0.5")
         tw.grid(False)
-        ks = list(mt["tail_share"])
-        ax2.bar(ks, [max(mt["tail_share"][k], 1e-6) for k in ks], color="0.4")
-        ax2.set_yscale("log")
-        ax2.set_xlabel("|log w| threshold")
+        ks = list(lm["tail_share"])
+        shares = np.array([lm["tail_share"][k] for k in ks])
+        x = np.arange(len(ks))
+        nz = shares > 0
+        ax2.bar(x[nz], shares[nz], color="0.4")
+        for i in x[~nz]:  # no bar for a zero share: say so
+            ax2.annotate(
+                "0",
+                (i, 0),
+                xycoords=("data", "axes fraction"),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+            )
+        ax2.set_xticks(x, ks)
+        if nz.any():
+            ax2.set_yscale("log")
+        ax2.set_xlabel("|log w| threshold (π_old‖μ)")
         ax2.set_ylabel("share of tokens above")
-        y = np.arange(len(pred))
-        v = pred.rel_mse_scaled.to_numpy(dtype=float)
-        lo, hi = (
-            pred.rel_mse_scaled_lo.to_numpy(dtype=float),
-            pred.rel_mse_scaled_hi.to_numpy(dtype=float),
-        )
-        err = np.nan_to_num(np.array([v - lo, hi - v]))
-        ax3.errorbar(v, y, xerr=np.maximum(err, 0), fmt="o", markersize=3, color="k", linewidth=0.6)
-        ax3.set_yticks(y, pred.mapping, fontsize=5)
-        ax3.invert_yaxis()
-        ax3.axvline(1.0, color="0.6", linewidth=0.6)  # ĝ ≡ 0
-        ax3.set_xlim(0.0, 1.05)
-        ax3.set_xlabel("twin: scaled MSE / ‖∇J‖² (90% CI; 1 = ĝ ≡ 0)")
+        pred = preds.get("mismatch")
+        if pred is None:
+            ax3.text(
+                0.5,
+                0.5,
+                (lm["refusal"] or "not ranked").replace(": ", ":\n", 1),
+                ha="center",
+                va="center",
+                wrap=True,
+                fontsize=7,
+                transform=ax3.transAxes,
+            )
+            ax3.set_axis_off()
+        else:
+            y = np.arange(len(pred))
+            v = pred.rel_mse_scaled.to_numpy(dtype=float)
+            lo = pred.rel_mse_scaled_lo.to_numpy(dtype=float)
+            hi = pred.rel_mse_scaled_hi.to_numpy(dtype=float)
+            err = np.nan_to_num(np.array([v - lo, hi - v]))
+            ax3.errorbar(
+                v, y, xerr=np.maximum(err, 0), fmt="o", markersize=3, color="k", linewidth=0.6
+            )
+            ax3.set_yticks(y, pred.mapping, fontsize=6)
+            ax3.invert_yaxis()
+            ax3.axvline(1.0, color="0.6", linewidth=0.6)  # ĝ ≡ 0
+            ax3.set_xlim(0.0, 1.05)
+            ax3.set_xlabel("twin: scaled MSE / ‖∇J‖² (90% CI; 1 = ĝ ≡ 0)")
         fig.savefig(path, dpi=style.DPI)
+
+
+def resolve_batch(ro: LoadedRollouts, n=None, advantage=None) -> tuple[int, str, int | None]:
+    """The batch the twin's estimators use: (n, advantage, group size). Defaults: with
+    equal-size groups of G ≥ 2 in the dump, the GRPO advantage on groups of G and n = G;
+    otherwise A = R − J(π) (``oracle_pi``) and n = 8."""
+    from simkit.estimators import ADVANTAGES, GROUP_ADVANTAGES
+
+    G = group_size(ro)
+    if advantage is None:
+        advantage = "grpo" if G else "oracle_pi"
+    if advantage not in ADVANTAGES:
+        raise RolloutError(f"--advantage {advantage!r}: expected one of {', '.join(ADVANTAGES)}")
+    if advantage in GROUP_ADVANTAGES:
+        if G is None:
+            raise RolloutError(
+                f"--advantage {advantage} needs per-prompt groups of equal size >= 2 in the dump "
+                f"(a group column: {', '.join(ROLES['group'])}, or --group)"
+            )
+        n = G if n is None else n
+        if n % G:
+            raise RolloutError(f"--n {n} must be a multiple of the group size {G}")
+    n = 8 if n is None else n
+    if n < 1:
+        raise RolloutError(f"--n must be >= 1, got {n}")
+    return n, advantage, (G if advantage in GROUP_ADVANTAGES else None)
 
 
 def diagnose(
@@ -255,24 +468,50 @@ def diagnose(
     out_dir,
     *,
     columns=None,
-    n: int = 8,
+    n: int | None = None,
     n_boot: int = 20,
     seed: int = 0,
     mappings_=None,
+    aggregation: str = "seq-mean-token-sum",
+    advantage: str | None = None,
     force: bool = False,
 ) -> Path:
     """Read ``path``, compute, and write the report directory ``out_dir`` (module docstring).
 
-    ``out_dir`` must not exist or be empty (``force``: replace it). Everything is computed
-    and written into a temporary sibling directory first, then renamed: an error leaves no
-    partial report. Returns the report directory."""
+    Each leg present is measured; its mappings (:data:`LEGS`) are ranked by the twin unless
+    the leg's ESS < 30 or k̂ > 0.7 (the reason is reported instead). ``n``, ``aggregation``,
+    ``advantage``: the user's batch (:func:`resolve_batch`). ``out_dir`` must not exist or be
+    empty (``force``: replace it). Everything is computed and written into a temporary sibling
+    directory first, then renamed: an error leaves no partial report. Returns the directory."""
+    from simkit.estimators import AGGREGATIONS
+
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise RolloutError(f"report directory {str(out)!r} exists and is not empty (use --force)")
+    if aggregation not in AGGREGATIONS:
+        raise RolloutError(
+            f"--aggregation {aggregation!r}: expected one of {', '.join(AGGREGATIONS)}"
+        )
     ro = read_rollouts(path, columns)
+    n, advantage, G = resolve_batch(ro, n, advantage)
     mt = metrics(ro, seed=seed)
-    pred = twin_predictions(ro, n=n, n_boot=n_boot, seed=seed, mappings_=mappings_)
-    pred.attrs["n"] = n
+    preds = {}
+    for leg, lm in mt["legs"].items():
+        if not lm["rankable"]:
+            continue
+        pred = twin_predictions(
+            ro,
+            n=n,
+            n_boot=n_boot,
+            seed=seed,
+            mappings_=mappings_,
+            leg=leg,
+            aggregation=aggregation,
+            advantage=advantage,
+            group=G,
+        )
+        pred.attrs.update(n=n, aggregation=aggregation, advantage=advantage)
+        preds[leg] = pred
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -282,12 +521,15 @@ def diagnose(
             "columns": ro.sources,
             **mt,
             "twin_n": n,
-            "twin": pred.to_dict(orient="records"),
+            "aggregation": aggregation,
+            "advantage": advantage,
+            "group_size": G,
+            "twin": {leg: p.to_dict(orient="records") for leg, p in preds.items()},
             "caveats": list(CAVEATS),
         }
         (tmp / "metrics.json").write_text(json.dumps(payload, indent=2, default=float))
-        _plot(mt, pred, tmp / "diagnose.png")
-        (tmp / "report.md").write_text(_markdown(path, ro, mt, pred))
+        _plot(mt, preds, tmp / "diagnose.png")
+        (tmp / "report.md").write_text(_markdown(path, ro, mt, preds))
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
