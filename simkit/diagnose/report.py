@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from simkit.diagnose.readers import ROLES, LoadedRollouts, RolloutError, read_rollouts
+from simkit.diagnose.truncation import summary_lines
 
 THRESHOLDS = (0.1, 0.5, 1.0, 2.0, 5.0)
 CAVEATS = (
@@ -49,8 +50,9 @@ CAVEATS = (
     "bias or variance.",
     "Its π is a self-normalised IS estimate: its quality degrades as the sequence χ² grows "
     "(ESS = N/(1 + χ²)); with k̂ > 0.7 the predictions of IS-like mappings are unreliable.",
-    "Tokens μ never sampled are invisible in logs: a support mismatch (top-p / top-k sampling "
-    "where π has mass) makes χ² infinite and cannot be diagnosed from these columns.",
+    "Tokens μ never sampled are invisible in logs: where μ drops tokens π can emit (top-p / "
+    "top-k), χ²(π‖μ) is infinite and the χ² rows measure μ's support only; the truncation "
+    "check (mean w < 1) detects the kept-mass offset and reports its size.",
     "Checked against exact tree values on a truncated SmolLM2 and the tiny Llama (the lm_vs_sim "
     "figure): rank agreement is measured there, not guaranteed elsewhere.",
 )
@@ -201,7 +203,11 @@ def leg_metrics(log_num, log_den, mask, seed: int = 0) -> dict:
 def metrics(ro: LoadedRollouts, seed: int = 0) -> dict:
     """Every number of the report except the twin's, per leg present (JSON-able dict):
     ``legs``: leg key → :func:`leg_metrics`; the batch's shape, groups and reward."""
-    legs = {k: leg_metrics(a, b, ro.mask, seed=seed) for k, (a, b) in leg_arrays(ro).items()}
+    from simkit.diagnose.truncation import kept_mass
+
+    arrays = leg_arrays(ro)
+    legs = {k: leg_metrics(a, b, ro.mask, seed=seed) for k, (a, b) in arrays.items()}
+    legs["mismatch"]["truncation"] = kept_mass(*arrays["mismatch"], ro.mask, ro.groups, seed=seed)
     first = legs["mismatch"]
     out = {
         "N": first["N"],
@@ -297,8 +303,7 @@ def _leg_table(mt: dict) -> list[str]:
         f"| sequence χ², mean of (W − 1)² | {_fmt(mt['chi2_seq'])} |",
         f"| ESS of W (Kong) / N/(1+χ²) | {mt['ess_kong']:.1f} / {mt['ess_chi2']:.1f} "
         f"of {mt['N']} |",
-        f"| PSIS k̂ of W | {mt['khat_seq']:.3f} "
-        f"({_khat_word(mt['khat_seq'])}) |",
+        f"| PSIS k̂ of W | {mt['khat_seq']:.3f} ({_khat_word(mt['khat_seq'])}) |",
         "",
         "Heavy tails — share of tokens with |log w| above a threshold: " + tails,
         "",
@@ -351,6 +356,8 @@ def _markdown(path_in, ro, mt, preds) -> str:
     ]
     for leg, lm in mt["legs"].items():
         lines += [f"## {LEGS[leg][0]}", "", *_leg_table(lm)]
+        if "truncation" in lm:
+            lines += summary_lines(lm["truncation"])
         lines += ["### What the distribution-matched twin predicts (90% bootstrap CI)", ""]
         if leg not in preds:
             lines += [f"**{lm['refusal'] or 'not ranked'}**", ""]
