@@ -57,6 +57,12 @@ def register(subparsers) -> None:
         default=None,
         help="advantage of your trainer (default: grpo when the dump has groups, else oracle_pi)",
     )
+    p.add_argument(
+        "--current",
+        default=None,
+        metavar="SPEC",
+        help="the correction you run, compared with the recommendation (e.g. tis_token:c_high=2)",
+    )
     p.add_argument("--boot", type=int, default=20, help="bootstrap refits of the twin (20)")
     p.add_argument("--mappings", default=None, metavar="A,B,...", help="mappings (default all)")
     p.add_argument("--force", action="store_true", help="replace an existing report directory")
@@ -95,6 +101,7 @@ def _run(args) -> int:
             mappings_=names,
             aggregation=args.aggregation,
             advantage=args.advantage,
+            current=args.current,
             force=args.force,
         )
     print(f"wrote {path}/report.md, diagnose.png, metrics.json", file=sys.stderr)

@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from simkit.diagnose.readers import ROLES, LoadedRollouts, RolloutError, read_rollouts
+from simkit.diagnose.recommend import answer_lines
 from simkit.diagnose.truncation import summary_lines
 
 THRESHOLDS = (0.1, 0.5, 1.0, 2.0, 5.0)
@@ -333,7 +334,7 @@ def _ranking(pred) -> list[str]:
     return lines
 
 
-def _markdown(path_in, ro, mt, preds) -> str:
+def _markdown(path_in, ro, mt, preds, answer=None, validation=None) -> str:
     groups = f", {mt['groups']} prompt groups (`{ro.sources['group']}`)" if mt["groups"] else ""
     lines = [
         f"# simkit diagnose: `{path_in}`",
@@ -372,6 +373,10 @@ def _markdown(path_in, ro, mt, preds) -> str:
             "",
         ]
         lines += [*_ranking(preds[leg]), ""]
+        if leg == "mismatch" and answer is not None:
+            lines += ["### The answer: thresholds for π_old‖μ", "", *answer_lines(*answer[::2])]
+    if validation is not None:
+        lines += ["## How far to trust the twin: validation on exact twins", "", *validation]
     lines += ["![profile, tails and twin](diagnose.png)", ""]
     lines += ["## Caveats", ""] + [f"- {c}" for c in CAVEATS] + [""]
     return "\n".join(lines)
@@ -481,13 +486,18 @@ def diagnose(
     mappings_=None,
     aggregation: str = "seq-mean-token-sum",
     advantage: str | None = None,
+    current: str | None = None,
+    validate: bool = True,
     force: bool = False,
 ) -> Path:
     """Read ``path``, compute, and write the report directory ``out_dir`` (module docstring).
 
     Each leg present is measured; its mappings (:data:`LEGS`) are ranked by the twin unless
     the leg's ESS < 30 or k̂ > 0.7 (the reason is reported instead). ``n``, ``aggregation``,
-    ``advantage``: the user's batch (:func:`resolve_batch`). ``out_dir`` must not exist or be
+    ``advantage``: the user's batch (:func:`resolve_batch`). ``current``: the user's correction
+    spec, compared with the recommendation (:mod:`simkit.diagnose.recommend`). ``validate``:
+    print the validation on exact token-MDP twins (:mod:`simkit.diagnose.validation`, ~3 s,
+    cached per process). ``out_dir`` must not exist or be
     empty (``force``: replace it). Everything is computed and written into a temporary sibling
     directory first, then renamed: an error leaves no partial report. Returns the directory."""
     from simkit.estimators import AGGREGATIONS
@@ -499,6 +509,10 @@ def diagnose(
         raise RolloutError(
             f"--aggregation {aggregation!r}: expected one of {', '.join(AGGREGATIONS)}"
         )
+    from simkit.diagnose.recommend import parse_setting, recommend
+
+    if current is not None:
+        parse_setting(current)  # a bad spec is an error before any work
     ro = read_rollouts(path, columns)
     n, advantage, G = resolve_batch(ro, n, advantage)
     mt = metrics(ro, seed=seed)
@@ -519,6 +533,26 @@ def diagnose(
         )
         pred.attrs.update(n=n, aggregation=aggregation, advantage=advantage)
         preds[leg] = pred
+    answer = None
+    if "mismatch" in preds:
+        answer = recommend(
+            *leg_arrays(ro)["mismatch"],
+            ro.mask,
+            ro.rewards,
+            n=n,
+            aggregation=aggregation,
+            advantage=advantage,
+            group=G,
+            current=current,
+            n_boot=n_boot,
+            seed=seed,
+        )
+    val_lines = val = None
+    if validate:
+        from simkit.diagnose import validation as _validation
+
+        table = _validation.run()
+        val, val_lines = _validation.summary(table), _validation.lines(table)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -532,11 +566,15 @@ def diagnose(
             "advantage": advantage,
             "group_size": G,
             "twin": {leg: p.to_dict(orient="records") for leg, p in preds.items()},
+            "answer": None if answer is None else answer[0].to_dict(orient="records"),
+            "curves": None if answer is None else answer[1].to_dict(orient="records"),
+            "current": None if answer is None else answer[2],
+            "validation": val,
             "caveats": list(CAVEATS),
         }
         (tmp / "metrics.json").write_text(json.dumps(payload, indent=2, default=float))
         _plot(mt, preds, tmp / "diagnose.png")
-        (tmp / "report.md").write_text(_markdown(path, ro, mt, preds))
+        (tmp / "report.md").write_text(_markdown(path, ro, mt, preds, answer, val_lines))
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
