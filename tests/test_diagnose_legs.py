@@ -83,3 +83,21 @@ def test_bad_batch_settings(tmp_path, kw, match):
     with pytest.raises(RolloutError, match=match):
         diagnose(path, tmp_path / "r", **kw)
     assert not (tmp_path / "r").exists()
+
+
+def test_identical_columns_are_named_as_verl_bypass_mode(tmp_path):
+    df = pd.DataFrame(
+        {
+            "old_log_probs": [[-1.0, -0.5]] * 40,
+            "rollout_log_probs": [[-1.0, -0.5]] * 40,
+            "rewards": [1.0, 0.0] * 20,
+        }
+    )
+    path = tmp_path / "b.parquet"
+    df.to_parquet(path)
+    diagnose(path, tmp_path / "r", validate=False)
+    m = json.loads((tmp_path / "r" / "metrics.json").read_text())
+    assert m["legs"]["mismatch"]["refusal"].startswith(
+        "not ranked: the two log-prob columns are identical on every token (verl's bypass mode"
+    )
+    assert m["twin"] == {} and m["answer"] is None

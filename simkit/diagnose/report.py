@@ -186,6 +186,11 @@ def leg_metrics(log_num, log_den, mask, seed: int = 0) -> dict:
         f"{q:g}": float(np.quantile(r[m], q)) for q in (0.001, 0.01, 0.5, 0.99, 0.999)
     }
     reasons = []
+    if not np.any(r[m]):
+        reasons.append(
+            "the two log-prob columns are identical on every token (verl's bypass mode "
+            "copies rollout_log_probs into old_log_probs): there is no second policy to compare"
+        )
     if out["ess_kong"] < MIN_ESS:
         reasons.append(f"ESS of the sequence weights {out['ess_kong']:.1f} < {MIN_ESS:g}")
     if out["khat_seq"] > MAX_KHAT:  # NaN (no Pareto tail: repeated atoms) is not a refusal
@@ -196,7 +201,11 @@ def leg_metrics(log_num, log_den, mask, seed: int = 0) -> dict:
         if not reasons
         else "not ranked: "
         + " and ".join(reasons)
-        + " (the twin's π is a self-normalised IS estimate resting on too few sequences)"
+        + (
+            " (the twin's π is a self-normalised IS estimate resting on too few sequences)"
+            if np.any(r[m])
+            else ""
+        )
     )
     return out
 

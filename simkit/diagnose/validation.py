@@ -56,11 +56,9 @@ def validate_case(env, mu, *, N=2000, n=8, aggregation="seq-mean-token-sum", see
 
     from simkit import experiment
     from simkit.diagnose.recommend import FAMILIES, _estimators
-    from simkit.diagnose.report import MISMATCH_CORRECTIONS
+    from simkit.diagnose.report import MISMATCH_CORRECTIONS, leg_metrics
     from simkit.estimators import Estimator
     from simkit.lm import twin_dist
-
-    from simkit.diagnose.report import leg_metrics
 
     lpi, lmu, mask, rewards = logged(env, mu, N, seed)
     lm = leg_metrics(lpi, lmu, mask, seed=seed)
@@ -150,7 +148,7 @@ def lines(table: pd.DataFrame) -> list[str]:
     ]
     for r in table.itertuples():
         out.append(
-            f"| {r.case} | {r.chi2_tok:.3g} | {r.khat_seq:.2f} | {r.rho:.2f} | {r.pair_agreement:.0%} of "
-            f"{r.pairs_resolved} | {r.max_excess:.1%} |"
+            f"| {r.case} | {r.chi2_tok:.3g} | {r.khat_seq:.2f} | {r.rho:.2f} "
+            f"| {r.pair_agreement:.0%} of {r.pairs_resolved} | {r.max_excess:.1%} |"
         )
     return [*out, ""]
