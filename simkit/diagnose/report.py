@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from simkit.diagnose.dashboards import lines as dashboard_lines
 from simkit.diagnose.readers import ROLES, LoadedRollouts, RolloutError, read_rollouts
 from simkit.diagnose.recommend import answer_lines
 from simkit.diagnose.truncation import summary_lines
@@ -213,10 +214,12 @@ def leg_metrics(log_num, log_den, mask, seed: int = 0) -> dict:
 def metrics(ro: LoadedRollouts, seed: int = 0) -> dict:
     """Every number of the report except the twin's, per leg present (JSON-able dict):
     ``legs``: leg key → :func:`leg_metrics`; the batch's shape, groups and reward."""
+    from simkit.diagnose.dashboards import dashboards
     from simkit.diagnose.truncation import kept_mass
 
     arrays = leg_arrays(ro)
     legs = {k: leg_metrics(a, b, ro.mask, seed=seed) for k, (a, b) in arrays.items()}
+    legs["mismatch"]["dashboards"] = dashboards(*arrays["mismatch"], ro.mask)
     legs["mismatch"]["truncation"] = kept_mass(*arrays["mismatch"], ro.mask, ro.groups, seed=seed)
     first = legs["mismatch"]
     out = {
@@ -368,6 +371,15 @@ def _markdown(path_in, ro, mt, preds, answer=None, validation=None) -> str:
         lines += [f"## {LEGS[leg][0]}", "", *_leg_table(lm)]
         if "truncation" in lm:
             lines += summary_lines(lm["truncation"])
+        if "dashboards" in lm:
+            lines += [
+                "### Your dashboard's numbers, as each trainer defines them",
+                "",
+                "The same names mean different quantities (`simkit.diagnose.dashboards`: "
+                "verl 1dda039, TRL f2cd577 defaults, ms-swift 3602360).",
+                "",
+                *dashboard_lines(lm["dashboards"]),
+            ]
         lines += ["### What the distribution-matched twin predicts (90% bootstrap CI)", ""]
         if leg not in preds:
             lines += [f"**{lm['refusal'] or 'not ranked'}**", ""]
