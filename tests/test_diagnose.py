@@ -69,7 +69,7 @@ def test_diagnose_recovers_the_known_chi2_end_to_end(dumped, tmp_path):
     assert all(0.0 <= r <= 1.0 for r in ranks) and metrics["twin_n"] == 8
     rows = {row["mapping"]: row for row in twin}
     # only the corrections that act on π_old‖μ are ranked there
-    assert set(rows) == set(diagnose.report.MISMATCH_CORRECTIONS)
+    assert set(rows) == set(diagnose.legs.MISMATCH_CORRECTIONS)
     assert rows["naive"]["kept"] == 1.0 and rows["naive"]["kept_seq"] == 1.0
     assert "rel. scaled MSE" in report and "n = 8" in report
     # an existing report is not overwritten without --force

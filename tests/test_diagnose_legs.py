@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from simkit.cli import main
-from simkit.diagnose import RolloutError, diagnose, report
+from simkit.diagnose import RolloutError, diagnose, legs
 
 
 def _dump(tmp_path, N=256, T=6, G=8, seed=0, name="d.parquet"):
@@ -67,7 +67,7 @@ def test_too_few_effective_sequences_are_not_ranked(tmp_path):
         assert not m["legs"][leg]["rankable"]
         assert m["legs"][leg]["refusal"].startswith("not ranked: ESS of the sequence weights")
     assert "**not ranked: ESS of the sequence weights" in (out / "report.md").read_text()
-    assert report.MIN_ESS == 30 and report.MAX_KHAT == 0.7
+    assert legs.MIN_ESS == 30 and legs.MAX_KHAT == 0.7
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ log μ, mask, reward); the diagnosis sees only these. The truth is exact: every 
 ``rel_mse_scaled`` on the MDP itself (:func:`simkit.experiment.run`, exact enumeration).
 
 Per case: the Spearman ρ between the predicted and the exact ``rel_mse_scaled`` of the
-corrections that act on π_old‖μ at their defaults (:data:`simkit.diagnose.report.
+corrections that act on π_old‖μ at their defaults (:data:`simkit.diagnose.legs.
 MISMATCH_CORRECTIONS`); the share of the pairs of corrections whose exact errors differ by
 more than :data:`RESOLUTION` that the prediction orders correctly (ρ also scores the order of
 near-ties, which no choice depends on); and per family of
@@ -55,8 +55,8 @@ def validate_case(env, mu, *, N=2000, n=8, aggregation="seq-mean-token-sum", see
     from scipy.stats import spearmanr
 
     from simkit import experiment
+    from simkit.diagnose.legs import MISMATCH_CORRECTIONS, leg_metrics
     from simkit.diagnose.recommend import FAMILIES, _estimators
-    from simkit.diagnose.report import MISMATCH_CORRECTIONS, leg_metrics
     from simkit.estimators import Estimator
     from simkit.lm import twin_dist
 
