@@ -13,7 +13,7 @@ def register(subparsers) -> None:
     p = add_command(
         subparsers,
         "diagnose",
-        help="how off-policy are logged rollouts (chi2, KL, ESS, k-hat) and which mapping fits",
+        help="how off-policy is a trainer's dump, and which correction and threshold to use",
         description=(
             "Read a trainer's dump with per-token log-probs of the trainer at rollout time\n"
             "(pi_old), the rollout engine (mu) and, when present, the trainer at update time\n"
@@ -22,7 +22,9 @@ def register(subparsers) -> None:
             "Writes report.md, diagnose.png, metrics.json: per leg (pi_old||mu mismatch,\n"
             "pi||pi_old staleness) chi2, KL, ESS, k-hat, length profile, heavy tails, and\n"
             "the distribution-matched twin's ranking of the mappings that act on that leg\n"
-            "by the scale-free error (refused when ESS < 30 or k-hat > 0.7)."
+            "by the scale-free error (refused when ESS < 30 or k-hat > 0.7), top-p/top-k\n"
+            "detection, the threshold per correction family (vs --current), dashboard\n"
+            "definitions of verl / TRL / ms-swift, and the validation on exact twins."
         ),
         epilog=(
             "examples:\n"
@@ -32,7 +34,11 @@ def register(subparsers) -> None:
             "  simkit diagnose dump.parquet --out dump-report\n"
         ),
     )
-    p.add_argument("rollouts", metavar="ROLLOUTS", help="a .parquet or .jsonl file")
+    p.add_argument(
+        "rollouts",
+        metavar="ROLLOUTS",
+        help="a dump: .parquet, .jsonl/.json, .pkl (SkyRL, verl) or .pt (torch.save)",
+    )
     p.add_argument("--out", default=None, help="report directory (default: <ROLLOUTS>.report)")
     for role in ROLES:
         p.add_argument(

@@ -60,6 +60,8 @@ CAVEATS = (
     "Tokens μ never sampled are invisible in logs: where μ drops tokens π can emit (top-p / "
     "top-k), χ²(π‖μ) is infinite and the χ² rows measure μ's support only; the truncation "
     "check (mean w < 1) detects the kept-mass offset and reports its size.",
+    "Per-prompt groups set the advantage (GRPO on the dump's group size) but the twin draws "
+    "each group from the pooled replay of all prompts: one J, not one per prompt.",
     "Checked against exact tree values on a truncated SmolLM2 and the tiny Llama (the lm_vs_sim "
     "figure): rank agreement is measured there, not guaranteed elsewhere.",
 )
