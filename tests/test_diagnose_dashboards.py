@@ -59,3 +59,12 @@ def test_long_responses_separate_product_from_geometric_mean():
 def test_bad_trl_mode():
     with pytest.raises(ValueError, match="trl_mode 'seq' is not a TRL"):
         dashboards(LOG_PI, LOG_MU, MASK, trl_mode="seq")
+
+
+def test_markdown_rows_keep_four_cells():
+    import re
+
+    from simkit.diagnose.dashboards import lines
+
+    for line in lines(dashboards(LOG_PI, LOG_MU, MASK))[2:-1]:
+        assert len(re.findall(r"(?<!\\)\|", line)) == 5, line  # |π − μ| is escaped

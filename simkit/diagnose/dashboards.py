@@ -154,7 +154,7 @@ def dashboards(
 def lines(rows: list[dict]) -> list[str]:
     """Markdown table of :func:`dashboards` rows."""
     out = ["| tool | metric | definition | value |", "|---|---|---|---|"]
-    out += [
-        f"| {r['tool']} | `{r['metric']}` | {r['definition']} | {r['value']:.5g} |" for r in rows
-    ]
+    for r in rows:
+        definition = r["definition"].replace("|", "\\|")  # a pipe would split the cell
+        out.append(f"| {r['tool']} | `{r['metric']}` | {definition} | {r['value']:.5g} |")
     return [*out, ""]

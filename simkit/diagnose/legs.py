@@ -155,7 +155,8 @@ def leg_metrics(log_num, log_den, mask, seed: int = 0) -> dict:
         else "not ranked: "
         + " and ".join(reasons)
         + (
-            " (the twin's π is a self-normalised IS estimate resting on too few sequences)"
+            " (the twin's π is a self-normalised IS estimate: too few effective sequences, or "
+            "sequence weights too heavy-tailed for their variance to be estimated)"
             if np.any(r[m])
             else ""
         )
