@@ -39,6 +39,8 @@ def test_recommendation_per_family_and_the_current_setting():
         assert r.value_lo <= r.value_hi and r.value_lo in grid and r.value_hi in grid
         assert 0 <= r.rel_mse_scaled_lo <= r.rel_mse_scaled <= r.rel_mse_scaled_hi <= 1
         assert 0 <= r.kept <= 1 and 0 <= r.kept_seq <= 1
+        span = fam.rel_mse_scaled.max() - fam.rel_mse_scaled.min()
+        assert r.flat == (span < 0.005)
     # c_high = 2 is on the tis_token grid: the family's best cannot be worse
     assert cur["best_family"] == "tis_token" and cur["excess"] >= 0
     row = curves[(curves.family == "tis_token") & (curves.value == 2.0)].iloc[0]

@@ -58,6 +58,11 @@ FAMILIES = {
 }
 
 
+#: a family whose predicted errors over the grid span less than this is reported as flat (the
+#: threshold does not matter on this data; the resolution of the validation, 0.5% of ‖∇J‖²)
+FLAT = 0.005
+
+
 def parse_setting(spec: str):
     """``"tis_token:c_high=2"`` → the mapping (:func:`simkit.mappings.get`); errors name the
     spec as written."""
@@ -122,7 +127,8 @@ def recommend(
 
     ``answer``: one row per family — ``family``, ``parameter``, ``value`` (recommended),
     ``value_lo``, ``value_hi``, ``rel_mse_scaled`` (+ ``_lo``/``_hi``), ``kept``,
-    ``kept_seq``, ``naive`` (naive's rel_mse_scaled). ``curves``: every grid point's
+    ``kept_seq``, ``naive`` (naive's rel_mse_scaled), ``flat`` (the family's predicted errors
+    span less than :data:`FLAT`: the threshold does not matter here). ``curves``: every grid point's
     ``rel_mse_scaled``, ``kept``, ``kept_seq``. ``current``: the user's setting's numbers and
     its excess over the best of its family (None without ``current``)."""
     from simkit.lm import twin_dist
@@ -181,6 +187,7 @@ def recommend(
                 "kept": float(point.loc[names_f[k], "kept"]),
                 "kept_seq": float(point.loc[names_f[k], "kept_seq"]),
                 "naive": naive,
+                "flat": bool(np.nanmax(vals) - np.nanmin(vals) < FLAT),
             }
         )
     answer = pd.DataFrame(rows).sort_values("rel_mse_scaled", kind="stable")
@@ -220,8 +227,9 @@ def answer_lines(answer: pd.DataFrame, current: dict | None) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in answer.itertuples():
+        rec = f"{r.value:g}" + (f" (flat: the grid spans < {FLAT:g})" if r.flat else "")
         lines.append(
-            f"| {r.family} | {r.parameter} | {r.value:g} | [{r.value_lo:g}, {r.value_hi:g}] "
+            f"| {r.family} | {r.parameter} | {rec} | [{r.value_lo:g}, {r.value_hi:g}] "
             f"| {r.rel_mse_scaled:.3g} [{r.rel_mse_scaled_lo:.3g}, {r.rel_mse_scaled_hi:.3g}] "
             f"| {r.kept:.3g} | {r.kept_seq:.3g} | {r.naive:.3g} |"
         )
