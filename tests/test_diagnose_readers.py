@@ -166,3 +166,11 @@ def test_bad_pickles(tmp_path):
     with pytest.raises(RolloutError, match=r"expected .parquet, .jsonl, .json, .pkl or .pt"):
         (tmp_path / "x.csv").write_text("a\n1\n")
         read_rollouts(tmp_path / "x.csv")
+
+
+def test_skyrl_bfloat16_tensors_stored_with_torch_save():
+    torch = pytest.importorskip("torch")
+    ro = read_rollouts(DUMPS / "skyrl_bf16_training_input.pkl")
+    expected = torch.from_numpy(TRUTH["log_pi"]).to(torch.bfloat16).float().numpy()
+    np.testing.assert_array_equal(ro.log_pi[MASK], expected[MASK])
+    np.testing.assert_array_equal(ro.log_mu[MASK], TRUTH["log_mu"][MASK])

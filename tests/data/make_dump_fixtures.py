@@ -137,6 +137,9 @@ def skyrl(git_dir, d, tmp):
     )
     batch.metadata = {"response_length": T}
     batch.save(HERE / "skyrl_global_step_1_training_input.pkl")
+    # bfloat16 log-probs: TensorBatch stores them with torch.save (numpy has no bfloat16)
+    batch["action_log_probs"] = torch.from_numpy(d["log_pi"]).to(torch.bfloat16)
+    batch.save(HERE / "skyrl_bf16_training_input.pkl")
 
 
 def verl_tensordict_stand_in():
