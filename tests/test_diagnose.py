@@ -52,17 +52,24 @@ def test_diagnose_recovers_the_known_chi2_end_to_end(dumped, tmp_path):
     out = tmp_path / "report"
     assert main(["diagnose", str(path), "--out", str(out), "--boot", "4"]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
-    chi2 = metrics["chi2_tok"]
-    assert chi2["lo"] <= meta["chi2_tok"] <= chi2["hi"]  # the exact χ² over the vocabulary
+    leg = metrics["legs"]["mismatch"]
+    assert "staleness" not in metrics["legs"]  # the dump has no π at update time
+    for key in ("chi2_tok", "chi2_tok_w2"):  # both unbiased: (w − 1)² and w² − 1
+        assert leg[key]["lo"] <= meta["chi2_tok"] <= leg[key]["hi"]  # exact χ² over the vocab
+    assert leg["chi2_tok"]["lo"] >= 0 and leg["chi2_seq"]["lo"] >= 0  # non-negative estimators
     assert meta["chi2_tok"] > 0.01  # a mismatch to recover
-    assert metrics["N"] == 256 and metrics["kl_k3"]["value"] > 0
+    assert metrics["N"] == 256 and leg["kl_k3"]["value"] > 0 and leg["rankable"]
     report = (out / "report.md").read_text()
     assert "Caveats" in report and "| 1 |" in report
+    assert "this dump has no π at update time, so the surrogates are not ranked" in report
     assert (out / "diagnose.png").stat().st_size > 1000
-    ranks = [row["rel_mse_scaled"] for row in metrics["twin"]]
+    twin = metrics["twin"]["mismatch"]
+    ranks = [row["rel_mse_scaled"] for row in twin]
     assert ranks == sorted(ranks)  # ranked by the predicted scale-free error
     assert all(0.0 <= r <= 1.0 for r in ranks) and metrics["twin_n"] == 8
-    rows = {row["mapping"]: row for row in metrics["twin"]}
+    rows = {row["mapping"]: row for row in twin}
+    # only the corrections that act on π_old‖μ are ranked there
+    assert set(rows) == set(diagnose.legs.MISMATCH_CORRECTIONS)
     assert rows["naive"]["kept"] == 1.0 and rows["naive"]["kept_seq"] == 1.0
     assert "rel. scaled MSE" in report and "n = 8" in report
     # an existing report is not overwritten without --force
@@ -80,7 +87,7 @@ def _write(tmp_path, df, name="r.parquet"):
     [
         (
             pd.DataFrame({"logp": [[-1.0]], "rollout_log_probs": [[-1.0]], "rewards": [1.0]}),
-            r"no log_pi column: expected one of old_log_probs.*"
+            r"r.parquet: one leg only: no log_pi column \(expected one of old_log_probs.*"
             r"columns found: logp, rollout_log_probs",
         ),
         (

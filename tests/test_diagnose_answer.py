@@ -1,0 +1,111 @@
+"""The answer of ``simkit diagnose`` (thresholds per correction family, the user's current
+setting) and its validation on token-MDP twins with exact truth."""
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from simkit.diagnose import RolloutError, diagnose, validation
+from simkit.diagnose.recommend import FAMILIES, parse_setting, recommend
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _logged(seed=1, case=1):
+    from simkit.envs.random_instances import random_behaviour, random_token_mdp
+
+    _name, kind, family, target, s = validation.CASES[case]
+    rng = np.random.default_rng(s)
+    env = random_token_mdp(rng, kind, V=4, T=6)
+    mu = random_behaviour(env, rng, target=target, family=family)
+    return validation.logged(env, mu, 2000, seed)
+
+
+def test_recommendation_per_family_and_the_current_setting():
+    lpi, lmu, mask, rewards = _logged()
+    answer, curves, cur = recommend(
+        lpi, lmu, mask, rewards, n=8, current="tis_token:c_high=2", n_boot=4
+    )
+    assert list(answer.family) != [] and set(answer.family) == set(FAMILIES)
+    assert list(answer.rel_mse_scaled) == sorted(answer.rel_mse_scaled)
+    for r in answer.itertuples():
+        grid = FAMILIES[r.family][2]
+        fam = curves[curves.family == r.family]
+        # the recommendation is the argmin of the family's predicted curve
+        assert r.value in grid and r.rel_mse_scaled == fam.rel_mse_scaled.min()
+        assert r.value_lo <= r.value_hi and r.value_lo in grid and r.value_hi in grid
+        assert 0 <= r.rel_mse_scaled_lo <= r.rel_mse_scaled <= r.rel_mse_scaled_hi <= 1
+        assert 0 <= r.kept <= 1 and 0 <= r.kept_seq <= 1
+        span = fam.rel_mse_scaled.max() - fam.rel_mse_scaled.min()
+        assert r.flat == (span < 0.005)
+    # c_high = 2 is on the tis_token grid: the family's best cannot be worse
+    assert cur["best_family"] == "tis_token" and cur["excess"] >= 0
+    row = curves[(curves.family == "tis_token") & (curves.value == 2.0)].iloc[0]
+    assert cur["rel_mse_scaled"] == pytest.approx(row.rel_mse_scaled, abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    "spec,match",
+    [
+        ("tis_tok:c_high=2", r"--current 'tis_tok:c_high=2': unknown mapping 'tis_tok'"),
+        ("tis_token:c_high", r"--current 'tis_token:c_high': expected key=value"),
+        ("tis_token:cap=2", r"--current 'tis_token:cap=2': "),
+    ],
+)
+def test_bad_current_setting(spec, match, tmp_path):
+    with pytest.raises(RolloutError, match=match):
+        parse_setting(spec)
+
+
+def test_report_prints_the_answer_and_the_validation(tmp_path):
+    import pandas as pd
+
+    lpi, lmu, mask, rewards = _logged(case=2)  # k̂ ≤ 0.7: ranked
+    df = pd.DataFrame(
+        {
+            "old_log_probs": [r[m] for r, m in zip(lpi, mask)],
+            "rollout_log_probs": [r[m] for r, m in zip(lmu, mask)],
+            "rewards": rewards,
+        }
+    )
+    path = tmp_path / "d.parquet"
+    df.to_parquet(path)
+    out = tmp_path / "r"
+    diagnose(path, out, n_boot=3, current="icepop:c_low=0.5,c_high=5")
+    m = json.loads((out / "metrics.json").read_text())
+    assert {r["family"] for r in m["answer"]} == set(FAMILIES)
+    assert m["current"]["best_family"] == "icepop"
+    text = (out / "report.md").read_text()
+    assert "### The answer: thresholds for π_old‖μ" in text
+    assert "Your setting `icepop:c_low=0.5,c_high=5`" in text
+    assert "## How far to trust the twin: validation on exact twins" in text
+    assert m["validation"] == validation.summary(validation.run())
+
+
+def test_validation_meets_the_threshold_target_and_the_docs_print_its_numbers():
+    s = validation.summary(validation.run())
+    assert s["excess_max"] <= 0.10  # recommended thresholds within 10% of the exact optimum
+    assert s["pair_agreement_median"] >= 0.9 and s["rho_median"] >= 0.8
+    # README and the docs page print the numbers of this run
+    stated = (
+        f"min {s['rho_min']:.2f}, median {s['rho_median']:.2f}",
+        f"max {s['excess_max']:.1%} (median {s['excess_median']:.1%})",
+        f"min {s['pair_agreement_min']:.0%}, median {s['pair_agreement_median']:.0%}",
+    )
+    for page in (ROOT / "README.md", ROOT / "docs" / "diagnose.md"):
+        text = re.sub(r"\s+", " ", page.read_text())
+        for phrase in stated:
+            assert phrase in text, f"{page.name} does not state {phrase!r}"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="ρ ≥ 0.8 on every case is not met: at small mismatch the corrections' exact errors "
+    "differ by < 0.005 (near-ties) and the twin orders these ties wrongly (min ρ 0.42); "
+    "resolved pairs are ordered correctly in ≥ 78% of pairs",
+)
+def test_rho_at_least_0_8_on_every_case():
+    assert validation.summary(validation.run())["rho_min"] >= 0.8
