@@ -22,6 +22,7 @@ import numpy as np
 
 from simkit import composition
 from simkit._validation import int_at_least, positive_int
+from simkit.kl import KLPenalty
 from simkit.mappings import Mapping, as_mapping
 
 AGGREGATIONS = (
@@ -227,6 +228,12 @@ class Estimator:
         Compose in ``mode="bypass"`` a mapping and a correction that both carry the ratio
         (:func:`simkit.composition.carries_ratio`: PPO clip × TIS, c = r·min(r, C)), which is
         refused by default: the ratio π/μ would be counted twice.
+    kl : KLPenalty, optional
+        A penalty β·KL(π‖π_ref) (:class:`simkit.kl.KLPenalty`): ``where="loss"`` adds the
+        per-token weight λ^KL_t = −β·(1/Z_i)·∂(w_t k_t)/∂log π to λ; ``where="reward"``
+        replaces R by R − β·Σ_t w_t k_t before the advantage. ``None`` (default): no penalty,
+        bit for bit the estimator without this field. The per-token x = log π − log π_ref comes
+        with the data (``ref_log_ratio``; :func:`simkit.experiment.run` with ``ref=``).
     """
 
     mapping: Mapping | str
@@ -241,8 +248,11 @@ class Estimator:
     denominator: str = "valid"
     seed: int = 0
     allow_same_ratio: bool = False
+    kl: KLPenalty | None = None
 
     def __post_init__(self):
+        if self.kl is not None and not isinstance(self.kl, KLPenalty):
+            raise TypeError(f"kl must be a KLPenalty or None, got {type(self.kl).__name__}")
         mapping = as_mapping(self.mapping)
         object.__setattr__(self, "mapping", mapping)
         correction = composition.check_correction(
@@ -295,6 +305,8 @@ class Estimator:
                 label = f"{label} × {correction.label}"
                 if self.mode != "decoupled":
                     label = f"{label} ({self.mode})"
+            if self.kl is not None:
+                label = f"{label} + {self.kl.label}"
             object.__setattr__(self, "name", f"{label}{suffix}")
 
     @property
@@ -473,14 +485,18 @@ class Estimator:
         return_coefficients=False,
         old_log_ratio=None,
         rng=None,
+        ref_log_ratio=None,
     ):
-        """Per-token weights λ = c · A / Z of shape (L..., N, T).
+        """Per-token weights λ = c · A / Z (+ λ^KL) of shape (L..., N, T).
 
         ``log_ratio``, ``mask`` (L..., N, T); ``rewards`` (L..., N); ``J`` the exact baseline of
         the oracle advantages (J(μ) for ``oracle``, J(π) for ``oracle_pi``, see
-        :meth:`baseline`; ignored by the others). The gradient estimate is then
-        ``env.accumulate(actions, λ)``. With ``return_coefficients=True`` returns ``(λ, c)``.
-        ``old_log_ratio``, ``rng``: see :meth:`coefficients`.
+        :meth:`baseline`; ignored by the others; with a ``kl`` penalty in the reward, the
+        baseline of the penalised reward, :func:`simkit.experiment.exact.oracle_baseline`).
+        The gradient estimate is then ``env.accumulate(actions, λ)``. With
+        ``return_coefficients=True`` returns ``(λ, c)``. ``old_log_ratio``, ``rng``: see
+        :meth:`coefficients`. ``ref_log_ratio`` (L..., N, T) = log π − log π_ref of the tokens,
+        required with a ``kl`` penalty (ignored without one).
         """
         lr = np.asarray(log_ratio, dtype=np.float64)
         R = np.asarray(rewards, dtype=np.float64)
@@ -490,12 +506,38 @@ class Estimator:
                 f"log_ratio {lr.shape}"
             )
         self.check_batch_size(lr.shape[-2])
+        x = None
+        if self.kl is not None:
+            if ref_log_ratio is None:
+                raise ValueError(
+                    f"estimator {self.name!r} has a KL penalty: pass ref_log_ratio = "
+                    "log pi - log pi_ref of the tokens (run(..., ref=pi_ref))"
+                )
+            x = np.asarray(ref_log_ratio, dtype=np.float64)
+            if x.shape != lr.shape:
+                raise ValueError(
+                    f"ref_log_ratio must have the shape of log_ratio {lr.shape}, got {x.shape}"
+                )
+            if self.kl.where == "reward":
+                R = R - self.kl.beta * self.kl.values(x, lr, mask).sum(axis=-1)
         adv = self.advantages(R, J)
         if self.correction is None:
             old_log_ratio = None
         c = self.coefficients(lr, mask, adv, old_log_ratio=old_log_ratio, rng=rng)
         lam = c * adv[..., None] * self.kept_weights(lr, mask, adv, old_log_ratio)
+        if x is not None and self.kl.where == "loss":
+            lam = lam + self.kl_loss_weights(x, lr, mask)
         return (lam, c) if return_coefficients else lam
+
+    def kl_loss_weights(self, ref_log_ratio, log_ratio, mask) -> np.ndarray:
+        """λ^KL = −β·(1/Z)·∂(w k)/∂log π per token (L..., N, T) of a ``kl`` penalty in the loss
+        (zeros without one or in the reward); 1/Z the estimator's aggregation over valid tokens
+        (verl aggregates the KL loss with the policy loss's ``loss_agg_mode``)."""
+        x = np.asarray(ref_log_ratio, dtype=np.float64)
+        if self.kl is None or self.kl.where != "loss":
+            return np.zeros(x.shape)
+        slopes = self.kl.slopes(x, log_ratio, mask)
+        return -self.kl.beta * slopes * self.aggregation_weights(mask)
 
     def gradient(self, env, batch) -> np.ndarray:
         """ĝ = ``env.accumulate(batch.actions, λ)`` for a sampled batch, shape (L..., D).

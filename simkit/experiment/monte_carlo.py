@@ -34,15 +34,22 @@ class MonteCarloDraws:
     mask: np.ndarray
 
 
-def sample_gradients(env, batch, estimator, old_log_ratio=None, rng=None) -> MonteCarloDraws:
+def sample_gradients(
+    env, batch, estimator, old_log_ratio=None, rng=None, ref_log_ratio=None, baseline=None
+) -> MonteCarloDraws:
     """ĝ_r = ``env.accumulate(actions_r, λ_r)`` for every batch r of ``batch`` (reps, n, …).
 
     ``old_log_ratio`` (reps, n, T): log π_old − log μ of the drawn tokens (composed
-    estimators); ``rng``: the Generator of a stochastic mapping. Raises ``ValueError`` naming
-    the estimator if its mapping returns a non-finite coefficient.
+    estimators); ``rng``: the Generator of a stochastic mapping; ``ref_log_ratio`` (reps, n,
+    T): log π − log π_ref of the drawn tokens (estimators with a KL penalty); ``baseline``:
+    the oracle baseline to use (default: the estimator's, from ``batch.J``/``batch.J_mu``; a
+    KL penalty in the reward passes the penalised one). Raises ``ValueError`` naming the
+    estimator if its mapping returns a non-finite coefficient.
     """
     est = as_estimator(estimator)
-    b = est.baseline(batch.J, batch.J_mu) if est.advantage in ORACLE_ADVANTAGES else None
+    b = baseline
+    if b is None and est.advantage in ORACLE_ADVANTAGES:
+        b = est.baseline(batch.J, batch.J_mu)
     lam, c = est.token_weights(
         batch.log_ratio,
         batch.mask,
@@ -51,6 +58,7 @@ def sample_gradients(env, batch, estimator, old_log_ratio=None, rng=None) -> Mon
         return_coefficients=True,
         old_log_ratio=old_log_ratio,
         rng=rng,
+        ref_log_ratio=ref_log_ratio,
     )
     mask = np.asarray(batch.mask, dtype=bool)
     check_finite_coefficients(est, c, mask, f"of {int(mask.sum())} drawn tokens")
