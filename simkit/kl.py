@@ -131,7 +131,11 @@ class KLPenalty:
         x = np.asarray(x, dtype=np.float64)
         slope = kl_slope(x, self.estimator)
         if self.correction == "is":
-            slope = _weight(self, log_ratio, x.shape) * (kl_estimate(x, self.estimator) + slope)
+            w = _weight(self, log_ratio, x.shape)
+            if self.estimator == "k3":  # k3 + k3' = x exactly (no cancellation of e^{−x})
+                slope = w * x
+            else:
+                slope = w * (kl_estimate(x, self.estimator) + slope)
         return _masked(slope, mask)
 
 

@@ -199,7 +199,8 @@ def run(
             trusted, nu = row_reliability(env, mu, plain, draws.gradients, truth, n, old_p)
         kl_metrics = {}
         if ref_p is not None:
-            kl_metrics = {**kl_columns, **kl_describe(est)}
+            kl_metrics = {**kl_columns, **kl_describe(est), "kl_grad_norm": math.nan}
+            kl_metrics.update(kl_bias=math.nan, kl_bias_lo=math.nan, kl_bias_hi=math.nan)
         if est.kl is not None:
             kl_metrics["kl_grad_norm"] = float(np.linalg.norm(est.kl.beta * kl_grad))
             base = dataclasses.replace(est, kl=None)
