@@ -132,9 +132,9 @@ def exact_moments(
             env, ref, mu, atoms.actions, mask, atoms.log_ratio, getattr(atoms, "states", None)
         )
         # λ^KL of each atom seen as a batch of one (its own aggregation weight), (M, T)
-        loss_kl = est.kl_loss_weights(
-            x[:, None, :], atoms.log_ratio[:, None, :], mask[:, None, :]
-        )[:, 0, :]
+        loss_kl = est.kl_loss_weights(x[:, None, :], atoms.log_ratio[:, None, :], mask[:, None, :])[
+            :, 0, :
+        ]
         first = first + env.accumulate(atoms.actions, loss_kl * atoms.prob[:, None])
     if params == "tied":
         first = tie(first, env.T)
