@@ -30,6 +30,7 @@ AGGREGATIONS = (
     "seq-mean-token-mean",
     "seq-mean-token-sum",
     "seq-mean-token-sum-norm",
+    "token-sum",
 )
 ADVANTAGES = ("oracle", "oracle_pi", "grpo", "dr_grpo", "rloo", "raw")
 GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo")
@@ -143,7 +144,10 @@ def aggregation_weights(mask, mode: str, max_length: int | None = None) -> np.nd
     - ``"seq-mean-token-mean"``: Z_i = N·|y_i| (mean of per-sequence means; GRPO paper, GSPO);
     - ``"seq-mean-token-sum"``: Z = N (REINFORCE, unbiased for the sequence objective);
     - ``"seq-mean-token-sum-norm"``: Z = N·L_max (Dr. GRPO) with L_max = ``max_length`` if given,
-      else the batch's T dimension; ``max_length`` must be at least the longest valid length.
+      else the batch's T dimension; ``max_length`` must be at least the longest valid length;
+    - ``"token-sum"``: Z = 1, the plain sum over every valid token of the batch (verl
+      ``agg_loss``'s ``token-sum``, verl-project/verl PR #7197, at 1dda039: the gradient grows
+      with the batch, E ĝ = N·E[one sequence's term]).
 
     A batch or sequence without valid tokens gets weight 0 (nothing to aggregate).
     """
@@ -172,6 +176,8 @@ def aggregation_weights(mask, mode: str, max_length: int | None = None) -> np.nd
         inv_z = np.divide(1.0, per_seq, out=np.zeros(per_seq.shape), where=per_seq > 0)
     elif mode == "seq-mean-token-sum":
         inv_z = np.array(1.0 / N)
+    elif mode == "token-sum":
+        inv_z = np.array(1.0)
     else:
         L_max = T if max_length is None else positive_int(max_length, "max_length")
         longest = int(lengths.max()) if lengths.size else 0

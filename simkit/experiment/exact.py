@@ -10,6 +10,7 @@ with untied parameters, by the moment DP of :mod:`simkit.envs.token_moments`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -30,7 +31,14 @@ from simkit.experiment.metrics import (
     scale_free,
     snr,
 )
-from simkit.experiment.plan import PARAMS, check_params, estimator_obstacles, is_enumerable, plan
+from simkit.experiment.plan import (
+    PARAMS,
+    as_token_sum_base,
+    check_params,
+    estimator_obstacles,
+    is_enumerable,
+    plan,
+)
 
 __all__ = [
     "PARAMS",
@@ -103,6 +111,9 @@ def exact_moments(
     h = A·u + v, E h = Σ_atoms (E[A 1{atom}]·u + P(atom)·v) and
     E‖h‖² = Σ_atoms (E[A² 1{atom}]‖u‖² + 2E[A 1{atom}] u·v + P(atom)‖v‖²),
     u·v = (‖u + v‖² − ‖u‖² − ‖v‖²)/2.
+
+    ``token-sum`` (Z = 1): ĝ is n times the ``seq-mean-token-sum`` estimator's, so its mean is
+    n·E ĝ and its variance n²·Var ĝ of that twin (ESS unchanged).
     """
     est = as_estimator(estimator)
     params = check_params(params)
@@ -114,6 +125,9 @@ def exact_moments(
     mu = env.check_policy(behaviour, "behaviour")
     if est.kl is not None and ref is None:
         raise ValueError(f"estimator {est.name!r} has a KL penalty: pass ref = pi_ref")
+    if est.aggregation == "token-sum":  # Z = 1: n times the seq-mean-token-sum estimator
+        twin = exact_moments(env, mu, as_token_sum_base(est), n, params, old, ref)
+        return dataclasses.replace(twin, mean=n * twin.mean, variance=n**2 * twin.variance)
     if how.method == "dp":  # beyond enumeration: the moment DP
         return _dp_moments(env, mu, est, n, old, params)
     baseline = oracle_baseline(env, mu, est, ref)
@@ -218,8 +232,6 @@ def penalised_support(env, mu, ref, kl, baseline: float, atoms):
     the arm y only, so the atoms (y, sign A') are those of ``env.support(mu, baseline + β·P_y)``
     restricted to arm y (the partial moments of the reward given y at that arm's baseline).
     """
-    import dataclasses
-
     if hasattr(env, "transition"):
         mask = np.asarray(atoms.mask, dtype=bool)
         x = kl_mod.token_log_ratio_to_ref(

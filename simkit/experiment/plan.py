@@ -93,6 +93,8 @@ def dp_obstacle(est: Estimator, env, params: str) -> str:
 
     if est.kl is not None:
         return "a KL penalty has no moment DP (its rows are exact by enumeration only)"
+    if est.aggregation == "token-sum":  # n × seq-mean-token-sum (exact.exact_moments)
+        est = as_token_sum_base(est)
 
     if params == "tied":
         from simkit.envs.token_moments_tied import tied_composed_dp_applies
@@ -103,6 +105,14 @@ def dp_obstacle(est: Estimator, env, params: str) -> str:
     return composed_dp_applies(
         env, est.mapping, est.correction, est.mode, est.aggregation, est.denominator
     )
+
+
+def as_token_sum_base(est: Estimator) -> Estimator:
+    """The ``seq-mean-token-sum`` twin of a ``token-sum`` estimator: its ĝ is the twin's times
+    the batch size n (Z = 1 instead of N), so the twin's exact path serves both."""
+    import dataclasses
+
+    return dataclasses.replace(est, aggregation="seq-mean-token-sum")
 
 
 def estimator_obstacles(est: Estimator, env) -> list[str]:
