@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simkit import reliability
-from simkit.estimators import ORACLE_ADVANTAGES, Estimator, as_estimator
+from simkit.estimators import ORACLE_ADVANTAGES, TOKEN_ADVANTAGES, Estimator, as_estimator
 from simkit.experiment.exact import check_finite_coefficients, oracle_baseline
 from simkit.experiment.metrics import best_scale, cosine, snr
 
@@ -59,6 +59,7 @@ def sample_gradients(
         old_log_ratio=old_log_ratio,
         rng=rng,
         ref_log_ratio=ref_log_ratio,
+        score_sq=token_score_sq(env, batch) if est.advantage in TOKEN_ADVANTAGES else None,
     )
     mask = np.asarray(batch.mask, dtype=bool)
     check_finite_coefficients(est, c, mask, f"of {int(mask.sum())} drawn tokens")
@@ -69,6 +70,22 @@ def sample_gradients(
         else env.accumulate(batch.actions, lam, states=states)
     )
     return MonteCarloDraws(gradients=grads, coefficients=c, mask=mask)
+
+
+def token_score_sq(env, batch) -> np.ndarray:
+    """‖∇θ log π(y_t|s_t)‖² = 1 − 2π(y_t|s_t) + Σ_v π(v|s_t)² of every drawn token, shape of
+    ``batch.mask`` (0 on padding): the per-token variance proxy of verl's optimal token
+    baseline (:func:`simkit.estimators.otb_advantages`), exact for the softmax policies here."""
+    mask = np.asarray(batch.mask, dtype=bool)
+    y = np.asarray(batch.actions)
+    pi = env.pi
+    if getattr(batch, "states", None) is None:  # bandit: (L..., n) arms, T = 1
+        out = 1.0 - 2.0 * pi[y] + float(pi @ pi)
+        return np.where(mask, out[..., None], 0.0)
+    cls = env.policy_index[np.asarray(batch.states)]
+    t_idx = np.broadcast_to(np.arange(env.T), y.shape)
+    sq = np.einsum("tpv,tpv->tp", pi, pi)[t_idx, cls]
+    return np.where(mask, 1.0 - 2.0 * pi[t_idx, cls, y] + sq, 0.0)
 
 
 def bootstrap_weights(reps: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
