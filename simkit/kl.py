@@ -209,6 +209,10 @@ def kl_slope(x, estimator: str) -> np.ndarray:
 def check_ref(env, ref) -> np.ndarray:
     """π_ref validated as a policy of ``env`` (its shape, normalised) with π_ref > 0 wherever
     π > 0, so that KL(π‖π_ref) is finite (``ValueError`` naming ``ref`` otherwise)."""
+    if not (hasattr(env, "pi") and (hasattr(env, "K") or hasattr(env, "transition"))):
+        raise ValueError(
+            f"ref (a KL penalty) needs a Bandit or a TokenMDP environment, got {type(env).__name__}"
+        )
     p = env.check_policy(ref, "ref")
     if np.any((p <= 0) & (env.pi > 0)):
         raise ValueError(

@@ -210,11 +210,11 @@ def oracle_baseline(env, mu, estimator, ref=None) -> float:
     est = as_estimator(estimator)
     if est.advantage not in ("oracle", "oracle_pi"):
         return 0.0
-    policy = mu if est.advantage == "oracle" else env.pi
-    b = float(env.J(policy))
+    b = float(env.J(mu)) if est.advantage == "oracle" else float(env.J())
     if est.kl is not None and est.kl.where == "reward":
         if ref is None:
             raise ValueError(f"estimator {est.name!r} has a KL penalty: pass ref = pi_ref")
+        policy = mu if est.advantage == "oracle" else env.pi
         b -= est.kl.beta * kl_mod.expected_penalty(env, ref, mu, est.kl, policy)
         if not math.isfinite(b):
             raise ValueError(
