@@ -316,3 +316,18 @@ def test_kl_rows_beyond_enumeration_go_to_monte_carlo_with_the_reason():
     est = Estimator("is_token", "seq-mean-token-sum", kl=KLPenalty(0.1, "k1", "reward"))
     p = plan(est, env)
     assert p.method == "monte_carlo" and "KL penalty has no moment DP" in p.why_mc
+
+
+def test_tied_parameters_exact_kl_rows_lie_in_the_monte_carlo_bounds():
+    env, ref, mu = _markov(3, eos=2)
+    ests = [
+        Estimator("is_token", "seq-mean-token-sum", kl=KLPenalty(0.5, e, w), name=f"{e}{w}")
+        for e, w in (("k3", "loss"), ("k1", "reward"))
+    ]
+    kw = {"n": 4, "ref": ref, "params": "tied"}
+    exact = run(env, mu, ests, reps=2, seed=0, **kw).set_index("estimator")
+    mc = run(env, mu, ests, reps=4000, seed=5, exact=False, **kw).set_index("estimator")
+    for name in exact.index:
+        for col in ("kl_bias", "bias", "variance"):
+            lo, hi = mc.loc[name, f"{col}_lo"], mc.loc[name, f"{col}_hi"]
+            assert lo <= exact.loc[name, col] <= hi, (name, col)
