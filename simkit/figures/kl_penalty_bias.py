@@ -58,6 +58,8 @@ CAPTION = (
 #: wherever its clamps are inactive, as here)
 ESTIMATORS = ("k1", "k2", "k3", "abs", "k3+")
 PLACEMENTS = ("loss", "reward")
+#: the estimators of panel (e) (and of its note)
+BETA_ESTIMATORS = ("k1", "k3", "k3+")
 CORRECTIONS = ("none", "is")
 #: relative biases below this are exact zeros up to rounding ("unbiased")
 FLOOR = 1e-12
@@ -233,14 +235,15 @@ def notes(data: pd.DataFrame) -> tuple[str, ...]:
             f"{' | '.join(biased.index[0])} ({biased.iloc[0]:.3g} of β‖∇KL‖) to "
             f"{' | '.join(biased.index[-1])} ({biased.iloc[-1]:.3g})."
         )
-    bsweep = data[data.sweep == "beta"]
+    bsweep = data[(data.sweep == "beta") & data.estimator.isin(BETA_ESTIMATORS)]
     if len(bsweep):
         lo, hi = bsweep.beta.min(), bsweep.beta.max()
         keys = ["estimator", "where", "correction"]
         first = bsweep[bsweep.beta == lo].set_index(keys).rel_bias
         worst = bsweep[bsweep.beta == hi].set_index(keys).rel_bias
         lines.append(
-            f"Whole gradient of J − β·KL, off-policy at T = {int(bsweep['T'].iloc[0])}: the "
+            f"Whole gradient of J − β·KL, off-policy at T = {int(bsweep['T'].iloc[0])} "
+            f"({', '.join(BETA_ESTIMATORS)}, panel e): the "
             f"largest relative bias is {first.max():.3g} at β = {lo:g} "
             f"({' | '.join(first.idxmax())}) and {worst.max():.3g} at β = {hi:g} "
             f"({' | '.join(worst.idxmax())}); the smallest at β = {hi:g} is {worst.min():.3g} "
@@ -250,7 +253,7 @@ def notes(data: pd.DataFrame) -> tuple[str, ...]:
 
 
 def draw(data: pd.DataFrame):
-    fig, sub = split_figure(8.6, 4.4, data.attrs.get("notes", ()))
+    fig, sub = split_figure(8.6, 5.0, data.attrs.get("notes", ()))
     axes = sub.subplot_mosaic([["a", "b", "e"], ["c", "d", "e"]], width_ratios=[1, 1, 1.2])
     tsweep = data[data.sweep == "T"]
     top = float(tsweep.rel_kl_bias.max())
@@ -277,14 +280,14 @@ def draw(data: pd.DataFrame):
             ax.set_xlabel("T")
             if j == 0:
                 ax.set_ylabel("‖E ĝ_KL + β∇KL‖ / (β‖∇KL‖)", fontsize=6.5)
-            if i == 0 and j == 0:
-                ax.legend(fontsize=5.2, ncol=2, loc="center right")
+            if i == 0 and j == 1:  # (b) is empty between its two levels: the shared legend
+                ax.legend(fontsize=5.0, ncol=2, loc="center", bbox_to_anchor=(0.5, 0.42))
     ax = axes["e"]
     bsweep = data[data.sweep == "beta"]
     for (est, where, corr), line in bsweep.groupby(
         ["estimator", "where", "correction"], sort=False
     ):
-        if est not in ("k1", "k3", "k3+"):
+        if est not in BETA_ESTIMATORS:
             continue
         line = line.sort_values("beta")
         ax.plot(
@@ -305,6 +308,6 @@ def draw(data: pd.DataFrame):
     ax.set_ylabel("‖E ĝ − ∇(J − β KL)‖ / ‖∇(J − β KL)‖", fontsize=7)
     if len(bsweep):
         ax.set_title(f"(e) whole gradient, off-policy, T = {int(bsweep['T'].iloc[0])}", fontsize=8)
-    ax.legend(fontsize=5.0, loc="lower right")
+    ax.legend(fontsize=5.0, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     sub.suptitle(TITLE, fontsize=9)
     return fig
