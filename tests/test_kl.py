@@ -331,3 +331,21 @@ def test_tied_parameters_exact_kl_rows_lie_in_the_monte_carlo_bounds():
         for col in ("kl_bias", "bias", "variance"):
             lo, hi = mc.loc[name, f"{col}_lo"], mc.loc[name, f"{col}_hi"]
             assert lo <= exact.loc[name, col] <= hi, (name, col)
+
+
+def test_off_policy_numbers_and_identities_by_enumeration():
+    env, ref, mu = _markov(3)
+    df = _kl_table(env, ref, mu)
+    rel = df["kl_bias"] / df["kl_grad_norm"]
+    # k1·w and k3·w in the loss differ by w·score, whose mean under μ is E_π[score] = 0
+    assert rel["k1|loss|is"] == pytest.approx(rel["k3|loss|is"], abs=1e-12)
+    # k2 and every "+" carry the same slope x: the same mean (without π/μ, whose product rule
+    # brings in each one's own value: w·(k + x))
+    same = [f"{e}|loss|none" for e in ("k2", "k1+", "k3+", "abs+", "low_var_kl+")]
+    assert np.ptp(rel[same].to_numpy()) < 1e-12
+    assert rel["k1+|loss|is"] > rel["k3+|loss|is"] + 0.1
+    # only k1 in the reward (uncorrected: is_seq already reweights) is unbiased off-policy
+    assert _unbiased(df) == ["k1+|reward|none", "k1|reward|none"]
+    # the extra π/μ on the reward's k1 biases it; the per-state loss terms miss the future KL
+    assert 0.01 < rel["k1|reward|is"] < 1 and 0.05 < rel["k3|loss|is"] < 1
+    assert rel["k1|loss|none"] > 0.5  # without π/μ, k1 in the loss is all bias
