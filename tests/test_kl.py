@@ -349,3 +349,24 @@ def test_off_policy_numbers_and_identities_by_enumeration():
     # the extra π/μ on the reward's k1 biases it; the per-state loss terms miss the future KL
     assert 0.01 < rel["k1|reward|is"] < 1 and 0.05 < rel["k3|loss|is"] < 1
     assert rel["k1|loss|none"] > 0.5  # without π/μ, k1 in the loss is all bias
+
+
+def test_reward_placement_is_verls_apply_kl_penalty_summed_by_the_outcome_advantage():
+    # verl-project/verl@1dda039: ray_trainer.apply_kl_penalty sets token_level_rewards =
+    # token_level_scores − β·kl_penalty(old_log_probs, ref_log_prob)·mask, and
+    # compute_grpo_outcome_advantage scores each row by token_level_rewards.sum(-1)
+    rng = np.random.default_rng(7)
+    N, T, beta = 6, 5, 0.2
+    mask = np.arange(T)[None] < rng.integers(1, T + 1, N)[:, None]
+    lr = np.where(mask, rng.normal(0, 0.3, (N, T)), 0.0)
+    x = np.where(mask, rng.normal(0, 0.5, (N, T)), 0.0)
+    R = rng.integers(0, 2, N).astype(float)
+    scores = np.zeros((N, T))
+    scores[np.arange(N), mask.sum(1) - 1] = R  # the verifiable reward on the last token
+    for name in ("k1", "k2", "low_var_kl"):
+        old_lp = rng.normal(-1.0, 0.3, (N, T))
+        kld = _verl_kl_penalty_forward(old_lp, old_lp - x, name) * mask
+        verl_rows = (scores - beta * kld).sum(-1)
+        est = Estimator("naive", "seq-mean-token-sum", "raw", kl=KLPenalty(beta, name, "reward"))
+        lam = est.token_weights(lr, mask, R, ref_log_ratio=x)
+        np.testing.assert_allclose(lam, mask * verl_rows[:, None] / N, rtol=1e-12, atol=1e-15)
