@@ -232,3 +232,25 @@ def test_new_fields_round_trip_through_the_estimator_spec():
         "adv_eps",
         "max_length",
     }
+
+
+def test_sweep_config_keys_for_the_new_advantages():
+    from simkit.config.schema import EstimatorConfig
+
+    entry = {
+        "mapping": "is_token",
+        "advantages": ["grpo", "otb", "maxrl"],
+        "group_size": 4,
+        "scale_rewards": "batch",
+        "otb_is_cap": 2.0,
+        "aggregations": ["token-sum"],
+    }
+    cfg = EstimatorConfig.model_validate(entry)
+    built = cfg.build()
+    assert [e.scale_rewards for e in built] == ["batch", "group", "group"]
+    assert [e.otb_is_cap for e in built] == [None, 2.0, None]
+    assert EstimatorConfig.model_validate(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match="applies to advantage 'grpo' only"):
+        EstimatorConfig.model_validate({**entry, "advantages": ["rloo"]})
+    with pytest.raises(ValueError, match="applies to advantage 'otb' only"):
+        EstimatorConfig.model_validate({**entry, "advantages": ["grpo"]})
