@@ -13,6 +13,7 @@ import numpy as np
 
 from simkit import estimators as _estimators
 from simkit import mappings
+from simkit.kl import KLPenalty
 
 __all__ = ["build_estimators", "estimator_params", "plain"]
 
@@ -59,6 +60,18 @@ def estimator_params(est: _estimators.Estimator) -> dict:
         out["allow_same_ratio"] = True
     if est.seed != 0:
         out["seed"] = est.seed
+    if est.scale_rewards != "group":
+        out["scale_rewards"] = est.scale_rewards
+    if est.otb_is_cap is not None:
+        out["otb_is_cap"] = est.otb_is_cap
+    if est.kl is not None:
+        kl = est.kl
+        out["kl"] = {
+            "beta": kl.beta,
+            "estimator": kl.estimator,
+            "where": kl.where,
+            "correction": kl.correction,
+        }
     return plain(out)
 
 
@@ -84,6 +97,9 @@ def build_estimators(specs: list[dict]) -> list[_estimators.Estimator]:
             denominator=s.get("denominator", "valid"),
             allow_same_ratio=s.get("allow_same_ratio", False),
             seed=s.get("seed", 0),
+            scale_rewards=s.get("scale_rewards", "group"),
+            otb_is_cap=s.get("otb_is_cap"),
+            kl=None if s.get("kl") is None else KLPenalty(**s["kl"]),
         )
         for s in specs
     ]

@@ -22,6 +22,7 @@ import numpy as np
 
 from simkit import composition
 from simkit._validation import int_at_least, positive_int
+from simkit.kl import KLPenalty
 from simkit.mappings import Mapping, as_mapping
 
 AGGREGATIONS = (
@@ -29,9 +30,17 @@ AGGREGATIONS = (
     "seq-mean-token-mean",
     "seq-mean-token-sum",
     "seq-mean-token-sum-norm",
+    "token-sum",
 )
-ADVANTAGES = ("oracle", "oracle_pi", "grpo", "dr_grpo", "rloo", "raw")
-GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo")
+ADVANTAGES = ("oracle", "oracle_pi", "grpo", "dr_grpo", "rloo", "maxrl", "otb", "raw")
+GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo", "maxrl", "otb")
+#: advantages with one value per token (A_{i,t}), not per sequence
+TOKEN_ADVANTAGES = ("otb",)
+#: verl's ε in the OTB baseline's denominator
+OTB_EPS = 1e-8
+#: the spread that divides GRPO's centred rewards: the group's std (DeepSeekMath, verl) or the
+#: whole batch's (TRL ``scale_rewards="batch"``)
+REWARD_SCALES = ("group", "batch")
 #: advantages A = R − b with an exact baseline b: J(μ) for ``oracle``, J(π) for ``oracle_pi``
 ORACLE_ADVANTAGES = ("oracle", "oracle_pi")
 #: advantages that are a function of one sample's reward only (no coupling inside a batch)
@@ -44,7 +53,12 @@ DEFAULT_ADV_EPS = 1e-6
 
 
 def advantages(
-    rewards, kind: str, J=None, group_size: int | None = None, eps: float = DEFAULT_ADV_EPS
+    rewards,
+    kind: str,
+    J=None,
+    group_size: int | None = None,
+    eps: float = DEFAULT_ADV_EPS,
+    scale_rewards: str = "group",
 ) -> np.ndarray:
     """Sequence advantages A of shape (L..., N) from rewards R of shape (L..., N).
 
@@ -73,6 +87,16 @@ def advantages(
       training": the std normalisation removed).
     - ``"rloo"``: A = R − (1/(G−1)) Σ_{j≠i} R_j (leave-one-out baseline, Ahmadian et al. 2024),
       i.e. G/(G−1) · (R − mean_G).
+    - ``"maxrl"``: A = (R − mean_G) / (mean_G + ε) (MaxRL, SkyRL ``compute_maxrl_advantage``,
+      ``skyrl/backends/skyrl_train/utils/ppo_utils.py`` at NovaSky-AI/SkyRL a956457, ε = 1e-6
+      there as here): the centred reward relative to the group's mean, so a group that rarely
+      succeeds gets large advantages (0 for a group of zeros).
+
+    ``scale_rewards`` (``grpo`` only): ``"group"`` (default) divides by the group's std;
+    ``"batch"`` by the std of every reward of the batch (the last axis, ddof = 1), the group
+    mean still subtracted — TRL's ``scale_rewards="batch"`` (``GRPOTrainer``,
+    ``trl/trainer/grpo_trainer.py`` at f2cd577, ``nanstd`` with Bessel's correction, ε = 1e-4
+    there: pass ``eps=1e-4`` to match). TRL's ``"none"`` is ``dr_grpo``.
     """
     R = np.asarray(rewards, dtype=np.float64)
     if R.ndim < 1:
@@ -81,6 +105,12 @@ def advantages(
         raise ValueError("rewards contains non-finite entries")
     if kind not in ADVANTAGES:
         raise ValueError(f"unknown advantage {kind!r}; valid advantages: {', '.join(ADVANTAGES)}")
+    _check_scale_rewards(scale_rewards, kind)
+    if kind in TOKEN_ADVANTAGES:
+        raise ValueError(
+            f"advantage {kind!r} has one value per token: use otb_advantages (it needs the "
+            "mask and the tokens' score norms)"
+        )
     if kind in GROUP_ADVANTAGES:
         G = _check_group_size(group_size, kind)
         N = R.shape[-1]
@@ -91,13 +121,23 @@ def advantages(
             )
         grouped = R.reshape((*R.shape[:-1], N // G, G))
         centred = grouped - grouped.mean(axis=-1, keepdims=True)
+        if kind in ("grpo", "maxrl") and not eps >= 0:
+            raise ValueError(f"eps must be >= 0, got {eps}")
         if kind == "grpo":
-            if not eps >= 0:
-                raise ValueError(f"eps must be >= 0, got {eps}")
-            std = grouped.std(axis=-1, ddof=1, keepdims=True)
+            if scale_rewards == "batch":
+                if N < 2:
+                    raise ValueError("scale_rewards='batch' needs N >= 2 rewards")
+                std = R.std(axis=-1, ddof=1)[..., None, None]
+            else:
+                std = grouped.std(axis=-1, ddof=1, keepdims=True)
             if eps == 0 and np.any(std == 0):
                 raise ValueError("eps = 0 with a group of identical rewards divides by zero")
             out = centred / (std + eps)
+        elif kind == "maxrl":
+            mean = grouped.mean(axis=-1, keepdims=True)
+            if eps == 0 and np.any(mean == 0):
+                raise ValueError("eps = 0 with a group of mean 0 divides by zero")
+            out = centred / (mean + eps)
         elif kind == "dr_grpo":
             out = centred
         else:
@@ -123,6 +163,83 @@ def advantages(
         ) from None
 
 
+def otb_advantages(
+    rewards,
+    mask,
+    score_sq,
+    group_size: int,
+    is_weights=None,
+    penalty=None,
+    eps: float = OTB_EPS,
+    handle_zero_tail: bool = True,
+) -> np.ndarray:
+    """Per-token advantages A_{i,t} = G_{i,t} − B_t of verl's optimal token baseline (OTB),
+    shape (L..., N, T), 0 on padding.
+
+    verl ``compute_optimal_token_baseline_advantage`` (``verl/trainer/ppo/core_algos.py`` at
+    verl-project/verl 1dda039; arXiv 2602.07078): in each group of G consecutive samples,
+
+        B_t = Σ_i G_{i,t}·W_{i,t}·m_{i,t} / (Σ_i W_{i,t}·m_{i,t} + ε),
+        W_{i,t} = Σ_{j≤t} w_{i,j}·m_{i,j}
+
+    with w_{i,j} = ‖∇log π(y_j|s_j)‖² = 1 − 2π(y_j|s_j) + Σ_v π(v|s_j)² (``score_sq``, the
+    squared norm of the softmax score, verl's path-variance proxy from π_old's probabilities),
+    G_{i,t} = the reward-to-go (R_i for a terminal reward; with a KL penalty in the reward,
+    R_i − Σ_{t'≥t} ``penalty``_{i,t'}). The rollout-IS variant multiplies w by ρ̄² (``is_weights``
+    ρ̄_{i,t}, verl's precomputed truncated rollout IS weights). ``handle_zero_tail``: where the
+    longest sequence of a group is the only one of its length, its baselines beyond the second
+    longest length are 0 (verl's default). ε = 1e-8 (verl). A group of one has B = 0.
+    """
+    R = np.asarray(rewards, dtype=np.float64)
+    m = np.asarray(mask, dtype=bool)
+    w = np.asarray(score_sq, dtype=np.float64)
+    if m.shape != (*R.shape, m.shape[-1]) or w.shape != m.shape:
+        raise ValueError(
+            f"mask and score_sq must have shape rewards.shape + (T,); got rewards {R.shape}, "
+            f"mask {m.shape}, score_sq {w.shape}"
+        )
+    G = _check_group_size(group_size, "otb")
+    N, T = m.shape[-2:]
+    if N % G:
+        raise ValueError(
+            f"the number of samples N = {N} is not divisible by group_size G = {G} "
+            "(advantage 'otb' needs whole groups)"
+        )
+    mf = m.astype(np.float64)
+    returns = R[..., None] * mf
+    if penalty is not None:
+        pen = np.asarray(penalty, dtype=np.float64) * mf
+        returns = returns - np.flip(np.cumsum(np.flip(pen, -1), -1), -1) * mf
+    if is_weights is not None:
+        w = w * np.asarray(is_weights, dtype=np.float64) ** 2
+    W = np.cumsum(w * mf, axis=-1)
+    shape = (*R.shape[:-1], N // G, G, T)
+    g_ret, g_W, g_m = returns.reshape(shape), W.reshape(shape), mf.reshape(shape)
+    base = (g_ret * g_W * g_m).sum(axis=-2, keepdims=True) / (
+        (g_W * g_m).sum(axis=-2, keepdims=True) + eps
+    )
+    base = np.broadcast_to(base, shape).copy()
+    if handle_zero_tail and G > 1:
+        lengths = g_m.sum(axis=-1)  # (..., groups, G)
+        top = np.sort(lengths, axis=-1)
+        longest, second = top[..., -1], top[..., -2]
+        unique = ((lengths == longest[..., None]).sum(axis=-1) == 1) & (longest > second)
+        owner = lengths == longest[..., None]  # the one longest row where ``unique``
+        tail = np.arange(T) >= second[..., None, None]  # positions beyond the second longest
+        base = np.where(unique[..., None, None] & owner[..., None] & tail, 0.0, base)
+    return ((g_ret - base) * g_m).reshape(m.shape)
+
+
+def _check_scale_rewards(scale_rewards, kind: str) -> str:
+    if scale_rewards not in REWARD_SCALES:
+        raise ValueError(f"scale_rewards must be one of {REWARD_SCALES}, got {scale_rewards!r}")
+    if scale_rewards != "group" and kind != "grpo":
+        raise ValueError(
+            f"scale_rewards={scale_rewards!r} applies to advantage 'grpo' only, not {kind!r}"
+        )
+    return scale_rewards
+
+
 def _check_group_size(group_size, kind: str) -> int:
     if group_size is None:
         raise ValueError(f"advantage {kind!r} needs a group_size G (>= 2)")
@@ -142,7 +259,10 @@ def aggregation_weights(mask, mode: str, max_length: int | None = None) -> np.nd
     - ``"seq-mean-token-mean"``: Z_i = N·|y_i| (mean of per-sequence means; GRPO paper, GSPO);
     - ``"seq-mean-token-sum"``: Z = N (REINFORCE, unbiased for the sequence objective);
     - ``"seq-mean-token-sum-norm"``: Z = N·L_max (Dr. GRPO) with L_max = ``max_length`` if given,
-      else the batch's T dimension; ``max_length`` must be at least the longest valid length.
+      else the batch's T dimension; ``max_length`` must be at least the longest valid length;
+    - ``"token-sum"``: Z = 1, the plain sum over every valid token of the batch (verl
+      ``agg_loss``'s ``token-sum``, verl-project/verl PR #7197, at 1dda039: the gradient grows
+      with the batch, E ĝ = N·E[one sequence's term]).
 
     A batch or sequence without valid tokens gets weight 0 (nothing to aggregate).
     """
@@ -171,6 +291,8 @@ def aggregation_weights(mask, mode: str, max_length: int | None = None) -> np.nd
         inv_z = np.divide(1.0, per_seq, out=np.zeros(per_seq.shape), where=per_seq > 0)
     elif mode == "seq-mean-token-sum":
         inv_z = np.array(1.0 / N)
+    elif mode == "token-sum":
+        inv_z = np.array(1.0)
     else:
         L_max = T if max_length is None else positive_int(max_length, "max_length")
         longest = int(lengths.max()) if lengths.size else 0
@@ -227,6 +349,19 @@ class Estimator:
         Compose in ``mode="bypass"`` a mapping and a correction that both carry the ratio
         (:func:`simkit.composition.carries_ratio`: PPO clip × TIS, c = r·min(r, C)), which is
         refused by default: the ratio π/μ would be counted twice.
+    scale_rewards : str
+        ``grpo`` only: ``"group"`` (default, the group's std) or ``"batch"`` (TRL's
+        ``scale_rewards="batch"``: the std of the whole batch); see :func:`advantages`.
+    otb_is_cap : float, optional
+        ``otb`` only: the rollout-IS variant of the optimal token baseline with ρ̄_t =
+        min(π/μ, C), C = ``otb_is_cap`` (verl's token-level truncated rollout IS weights);
+        None (default): no IS weights in the baseline (:func:`otb_advantages`).
+    kl : KLPenalty, optional
+        A penalty β·KL(π‖π_ref) (:class:`simkit.kl.KLPenalty`): ``where="loss"`` adds the
+        per-token weight λ^KL_t = −β·(1/Z_i)·∂(w_t k_t)/∂log π to λ; ``where="reward"``
+        replaces R by R − β·Σ_t w_t k_t before the advantage. ``None`` (default): no penalty,
+        bit for bit the estimator without this field. The per-token x = log π − log π_ref comes
+        with the data (``ref_log_ratio``; :func:`simkit.experiment.run` with ``ref=``).
     """
 
     mapping: Mapping | str
@@ -241,8 +376,13 @@ class Estimator:
     denominator: str = "valid"
     seed: int = 0
     allow_same_ratio: bool = False
+    kl: KLPenalty | None = None
+    scale_rewards: str = "group"
+    otb_is_cap: float | None = None
 
     def __post_init__(self):
+        if self.kl is not None and not isinstance(self.kl, KLPenalty):
+            raise TypeError(f"kl must be a KLPenalty or None, got {type(self.kl).__name__}")
         mapping = as_mapping(self.mapping)
         object.__setattr__(self, "mapping", mapping)
         correction = composition.check_correction(
@@ -269,6 +409,24 @@ class Estimator:
             )
         if not (np.isfinite(self.adv_eps) and self.adv_eps >= 0):
             raise ValueError(f"adv_eps must be finite and >= 0, got {self.adv_eps}")
+        _check_scale_rewards(self.scale_rewards, self.advantage)
+        if self.otb_is_cap is not None:
+            if self.advantage != "otb":
+                raise ValueError(
+                    f"otb_is_cap applies to advantage 'otb' only, not {self.advantage!r}"
+                )
+            if not (np.isfinite(self.otb_is_cap) and self.otb_is_cap > 0):
+                raise ValueError(f"otb_is_cap must be finite and > 0, got {self.otb_is_cap}")
+            object.__setattr__(self, "otb_is_cap", float(self.otb_is_cap))
+        if self.advantage == "otb":
+            batch = mapping.batch_dependent or (
+                correction is not None and correction.batch_dependent
+            )
+            if batch or self.denominator != "valid":
+                raise ValueError(
+                    "advantage 'otb' (one advantage per token) needs a mapping and correction "
+                    "that are not batch dependent and denominator 'valid'"
+                )
         if self.max_length is not None:
             if self.aggregation != "seq-mean-token-sum-norm":
                 raise ValueError(
@@ -286,6 +444,10 @@ class Estimator:
                 adv = self.advantage
                 if self.group_size is not None:
                     adv = f"{adv}, G={self.group_size}"
+                if self.scale_rewards != "group":
+                    adv = f"{adv}, {self.scale_rewards} std"
+                if self.otb_is_cap is not None:
+                    adv = f"{adv}, IS cap {self.otb_is_cap:g}"
                 parts.append(adv)
             if self.denominator != "valid":
                 parts.append(f"denominator={self.denominator}")
@@ -295,6 +457,8 @@ class Estimator:
                 label = f"{label} × {correction.label}"
                 if self.mode != "decoupled":
                     label = f"{label} ({self.mode})"
+            if self.kl is not None:
+                label = f"{label} + {self.kl.label}"
             object.__setattr__(self, "name", f"{label}{suffix}")
 
     @property
@@ -355,7 +519,12 @@ class Estimator:
     def advantages(self, rewards, J=None) -> np.ndarray:
         """This estimator's advantages A (L..., N) (see :func:`advantages`)."""
         return advantages(
-            rewards, self.advantage, J=J, group_size=self.group_size, eps=self.adv_eps
+            rewards,
+            self.advantage,
+            J=J,
+            group_size=self.group_size,
+            eps=self.adv_eps,
+            scale_rewards=self.scale_rewards,
         )
 
     def aggregation_weights(self, mask) -> np.ndarray:
@@ -473,14 +642,21 @@ class Estimator:
         return_coefficients=False,
         old_log_ratio=None,
         rng=None,
+        ref_log_ratio=None,
+        score_sq=None,
     ):
-        """Per-token weights λ = c · A / Z of shape (L..., N, T).
+        """Per-token weights λ = c · A / Z (+ λ^KL) of shape (L..., N, T).
 
         ``log_ratio``, ``mask`` (L..., N, T); ``rewards`` (L..., N); ``J`` the exact baseline of
         the oracle advantages (J(μ) for ``oracle``, J(π) for ``oracle_pi``, see
-        :meth:`baseline`; ignored by the others). The gradient estimate is then
-        ``env.accumulate(actions, λ)``. With ``return_coefficients=True`` returns ``(λ, c)``.
-        ``old_log_ratio``, ``rng``: see :meth:`coefficients`.
+        :meth:`baseline`; ignored by the others; with a ``kl`` penalty in the reward, the
+        baseline of the penalised reward, :func:`simkit.experiment.exact.oracle_baseline`).
+        The gradient estimate is then ``env.accumulate(actions, λ)``. With
+        ``return_coefficients=True`` returns ``(λ, c)``. ``old_log_ratio``, ``rng``: see
+        :meth:`coefficients`. ``ref_log_ratio`` (L..., N, T) = log π − log π_ref of the tokens,
+        required with a ``kl`` penalty (ignored without one). ``score_sq`` (L..., N, T) =
+        1 − 2π(y_t|s_t) + Σ_v π(v|s_t)², required by the ``otb`` advantage (per-token A_{i,t},
+        :func:`otb_advantages`; c then takes the sign of each token's A).
         """
         lr = np.asarray(log_ratio, dtype=np.float64)
         R = np.asarray(rewards, dtype=np.float64)
@@ -490,12 +666,64 @@ class Estimator:
                 f"log_ratio {lr.shape}"
             )
         self.check_batch_size(lr.shape[-2])
+        x = penalty = None
+        if self.kl is not None:
+            if ref_log_ratio is None:
+                raise ValueError(
+                    f"estimator {self.name!r} has a KL penalty: pass ref_log_ratio = "
+                    "log pi - log pi_ref of the tokens (run(..., ref=pi_ref))"
+                )
+            x = np.asarray(ref_log_ratio, dtype=np.float64)
+            if x.shape != lr.shape:
+                raise ValueError(
+                    f"ref_log_ratio must have the shape of log_ratio {lr.shape}, got {x.shape}"
+                )
+            if self.kl.where == "reward":
+                if self.advantage == "otb":  # reward-to-go of the token-level rewards
+                    penalty = self.kl.beta * self.kl.values(x, lr, mask)
+                else:
+                    R = R - self.kl.beta * self.kl.values(x, lr, mask).sum(axis=-1)
+        if self.advantage == "otb":
+            lam, c = self._otb_weights(lr, mask, R, score_sq, old_log_ratio, rng, penalty)
+            if x is not None and self.kl.where == "loss":
+                lam = lam + self.kl_loss_weights(x, lr, mask)
+            return (lam, c) if return_coefficients else lam
         adv = self.advantages(R, J)
         if self.correction is None:
             old_log_ratio = None
         c = self.coefficients(lr, mask, adv, old_log_ratio=old_log_ratio, rng=rng)
         lam = c * adv[..., None] * self.kept_weights(lr, mask, adv, old_log_ratio)
+        if x is not None and self.kl.where == "loss":
+            lam = lam + self.kl_loss_weights(x, lr, mask)
         return (lam, c) if return_coefficients else lam
+
+    def _otb_weights(self, lr, mask, R, score_sq, old_log_ratio, rng, penalty):
+        """λ = c·A_{i,t}/Z and c for the per-token ``otb`` advantage (c by each token's sign)."""
+        if score_sq is None:
+            raise ValueError(
+                f"estimator {self.name!r} (advantage 'otb') needs score_sq = 1 - 2 pi(y_t|s_t) "
+                "+ sum_v pi(v|s_t)^2 of the tokens"
+            )
+        m = np.asarray(mask, dtype=bool)
+        rho = None if self.otb_is_cap is None else np.minimum(np.exp(lr), self.otb_is_cap)
+        A = otb_advantages(R, m, score_sq, self.group_size, rho, penalty)
+        if self.correction is None:
+            old_log_ratio = None
+        ones = np.ones(lr.shape[:-1])
+        c_pos = self.coefficients(lr, m, ones, old_log_ratio=old_log_ratio, rng=rng)
+        c_neg = self.coefficients(lr, m, -ones, old_log_ratio=old_log_ratio, rng=rng)
+        c = np.where(A >= 0, c_pos, c_neg) * m
+        return c * A * self.aggregation_weights(m), c
+
+    def kl_loss_weights(self, ref_log_ratio, log_ratio, mask) -> np.ndarray:
+        """λ^KL = −β·(1/Z)·∂(w k)/∂log π per token (L..., N, T) of a ``kl`` penalty in the loss
+        (zeros without one or in the reward); 1/Z the estimator's aggregation over valid tokens
+        (verl aggregates the KL loss with the policy loss's ``loss_agg_mode``)."""
+        x = np.asarray(ref_log_ratio, dtype=np.float64)
+        if self.kl is None or self.kl.where != "loss":
+            return np.zeros(x.shape)
+        slopes = self.kl.slopes(x, log_ratio, mask)
+        return -self.kl.beta * slopes * self.aggregation_weights(mask)
 
     def gradient(self, env, batch) -> np.ndarray:
         """ĝ = ``env.accumulate(batch.actions, λ)`` for a sampled batch, shape (L..., D).

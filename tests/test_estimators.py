@@ -38,6 +38,8 @@ def _loop_advantages(R, kind, J=None, G=None, eps=1e-6):
             out.append((r - mean) / (statistics.stdev(group) + eps))
         elif kind == "dr_grpo":
             out.append(r - mean)
+        elif kind == "maxrl":
+            out.append((r - mean) / (mean + eps))
         else:  # rloo
             out.append(r - (sum(group) - r) / (G - 1))
     return np.array(out)
@@ -45,7 +47,7 @@ def _loop_advantages(R, kind, J=None, G=None, eps=1e-6):
 
 @settings(max_examples=60, deadline=None)
 @given(
-    kind=st.sampled_from(ADVANTAGES),
+    kind=st.sampled_from([a for a in ADVANTAGES if a != "otb"]),  # otb: per token, own tests
     G=st.integers(2, 5),
     groups=st.integers(1, 4),
     seed=st.integers(0, 2**32 - 1),
@@ -56,7 +58,7 @@ def test_advantages_match_loops(kind, G, groups, seed, binary):
     N = G * groups
     R = rng.integers(0, 2, size=(3, N)).astype(float) if binary else rng.normal(size=(3, N))
     J = 0.3
-    group_size = G if kind in ("grpo", "dr_grpo", "rloo") else None
+    group_size = G if kind in ("grpo", "dr_grpo", "rloo", "maxrl") else None
     got = advantages(R, kind, J=J, group_size=group_size, eps=1e-4)
     assert got.shape == R.shape
     for r in range(3):
@@ -107,6 +109,8 @@ def _loop_aggregation(mask, mode, max_length=None):
                 out[i, t] = 1 / (N * length)
             elif mode == "seq-mean-token-sum":
                 out[i, t] = 1 / N
+            elif mode == "token-sum":
+                out[i, t] = 1.0
             else:
                 out[i, t] = 1 / (N * (T if max_length is None else max_length))
     return out
@@ -195,7 +199,11 @@ def test_n_not_divisible_by_group_size_is_an_error_at_use():
 def test_per_sample_property(name):
     mapping = mappings.get(name)
     for adv in ADVANTAGES:
-        G = 2 if adv in ("grpo", "dr_grpo", "rloo") else None
+        G = 2 if adv in ("grpo", "dr_grpo", "rloo", "maxrl", "otb") else None
+        if adv == "otb" and mapping.batch_dependent:
+            with pytest.raises(ValueError, match="not batch dependent"):
+                Estimator(mapping, advantage=adv, group_size=G)
+            continue
         est = Estimator(mapping, advantage=adv, group_size=G)
         assert est.per_sample == (
             adv in ("oracle", "oracle_pi", "raw") and not mapping.batch_dependent
@@ -278,4 +286,5 @@ def test_on_policy_oracle_estimator_is_exactly_unbiased(name):
             mapping = mappings.get("naive")
         for agg in AGGREGATIONS:
             m = exact_moments(env, env.pi, Estimator(mapping, aggregation=agg), n=8)
-            np.testing.assert_allclose(m.mean, env.grad_J(), rtol=0, atol=1e-12)
+            scale = 8 if agg == "token-sum" else 1  # Z = 1: the sum of n = 8 unbiased terms
+            np.testing.assert_allclose(m.mean, scale * env.grad_J(), rtol=0, atol=1e-12)

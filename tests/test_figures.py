@@ -30,6 +30,7 @@ EXPECTED = [
     "seq_tis_optimal_c",
     "same_kl_different_chi2",
     "token_bias_vs_T",
+    "kl_penalty_bias",
     "mse_vs_T",
     "lm_vs_sim",
     "staleness_curves",

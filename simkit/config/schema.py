@@ -328,7 +328,9 @@ class EstimatorConfig(Frozen):
     sorted hyperparameter names), ``"zip"`` pairs them element by element (lists of one length:
     linked knobs such as PPO's ε_low = ε_high). Each hyperparameter setting is crossed with
     ``aggregations`` × ``advantages``; ``group_size`` applies to the group advantages (grpo,
-    dr_grpo, rloo), ``adv_eps`` to grpo, ``max_length`` to seq-mean-token-sum-norm.
+    dr_grpo, rloo, maxrl, otb), ``adv_eps`` to grpo and maxrl, ``scale_rewards`` (``"group"``
+    or TRL's ``"batch"``) to grpo, ``otb_is_cap`` (the rollout-IS variant's cap C) to otb,
+    ``max_length`` to seq-mean-token-sum-norm.
 
     Three policies (:mod:`simkit.composition`): ``correction`` (a detached-weight mapping on
     π_old/μ, one of :func:`correction_names`: ``tis_token``, ``mis_seq``, ``icepop``...) with
@@ -357,6 +359,8 @@ class EstimatorConfig(Frozen):
     advantages: one_or_more(Literal[_estimators.ADVANTAGES]) = ("oracle",)
     group_size: Annotated[StrictInt, Field(ge=2)] | None = None
     adv_eps: NonNeg = _estimators.DEFAULT_ADV_EPS
+    scale_rewards: Literal[_estimators.REWARD_SCALES] = "group"
+    otb_is_cap: Annotated[StrictFloat, Field(gt=0.0, allow_inf_nan=False)] | None = None
     max_length: PosInt | None = None
     correction: (
         Annotated[
@@ -392,6 +396,10 @@ class EstimatorConfig(Frozen):
             lengths = {k: len(v) for k, v in self.grid}
             raise KeyPathError(".grid", f"grid_mode 'zip' needs lists of one length, got {lengths}")
         group = _estimators.GROUP_ADVANTAGES
+        if self.scale_rewards != "group" and "grpo" not in self.advantages:
+            raise KeyPathError(".scale_rewards", "applies to advantage 'grpo' only")
+        if self.otb_is_cap is not None and "otb" not in self.advantages:
+            raise KeyPathError(".otb_is_cap", "applies to advantage 'otb' only")
         if self.group_size is not None and not set(self.advantages) & set(group):
             raise KeyPathError(
                 ".group_size",
@@ -485,6 +493,8 @@ class EstimatorConfig(Frozen):
                 advantage=advantage,
                 group_size=self.group_size if group else None,
                 adv_eps=self.adv_eps,
+                scale_rewards=self.scale_rewards if advantage == "grpo" else "group",
+                otb_is_cap=self.otb_is_cap if advantage == "otb" else None,
                 max_length=self.max_length if aggregation == "seq-mean-token-sum-norm" else None,
                 correction=correction,
                 mode=self.mode,
@@ -511,6 +521,8 @@ class EstimatorConfig(Frozen):
             del d["grid_mode"]
         if d["adv_eps"] == _estimators.DEFAULT_ADV_EPS:
             del d["adv_eps"]
+        if d["scale_rewards"] == "group":
+            del d["scale_rewards"]
         return plain(d)
 
 

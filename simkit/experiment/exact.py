@@ -10,11 +10,13 @@ with untied parameters, by the moment DP of :mod:`simkit.envs.token_moments`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from simkit import kl as kl_mod
 from simkit import legs
 from simkit.envs.token_moments import composed_moments
 from simkit.envs.token_moments import moments as dp_moments
@@ -29,7 +31,14 @@ from simkit.experiment.metrics import (
     scale_free,
     snr,
 )
-from simkit.experiment.plan import PARAMS, check_params, estimator_obstacles, is_enumerable, plan
+from simkit.experiment.plan import (
+    PARAMS,
+    as_token_sum_base,
+    check_params,
+    estimator_obstacles,
+    is_enumerable,
+    plan,
+)
 
 __all__ = [
     "PARAMS",
@@ -61,7 +70,7 @@ class ExactMoments:
 
 
 def exact_moments(
-    env, behaviour, estimator, n: int, params: str = "untied", old=None
+    env, behaviour, estimator, n: int, params: str = "untied", old=None, ref=None
 ) -> ExactMoments:
     """E ĝ, Var ĝ and ESS of an n-sample estimator by enumeration of the support (exact).
 
@@ -93,6 +102,18 @@ def exact_moments(
     (:mod:`simkit.composition`): each atom's o_t = log π_old − log μ (:mod:`simkit.legs`) is
     known, so the exact path is unchanged; beyond enumeration the composed moment DP
     (:func:`simkit.envs.token_moments.composed_moments`) where the coefficient factorises.
+
+    ``ref``: π_ref of an estimator with a KL penalty (:class:`simkit.kl.KLPenalty`; required
+    then, enumeration only). In the reward, each atom's advantage becomes
+    A' = R − b' − β·Σ_t w_t k_t (b' the penalised oracle baseline, :func:`oracle_baseline`),
+    known per atom, so the formulas above hold with A'. In the loss, each sample adds
+    v = Σ_t λ^KL_t ∇log π(y_t|s_t), a function of y alone: with u = Σ_t c_t a_t ∇log π,
+    h = A·u + v, E h = Σ_atoms (E[A 1{atom}]·u + P(atom)·v) and
+    E‖h‖² = Σ_atoms (E[A² 1{atom}]‖u‖² + 2E[A 1{atom}] u·v + P(atom)‖v‖²),
+    u·v = (‖u + v‖² − ‖u‖² − ‖v‖²)/2.
+
+    ``token-sum`` (Z = 1): ĝ is n times the ``seq-mean-token-sum`` estimator's, so its mean is
+    n·E ĝ and its variance n²·Var ĝ of that twin (ESS unchanged).
     """
     est = as_estimator(estimator)
     params = check_params(params)
@@ -102,20 +123,42 @@ def exact_moments(
         raise ValueError(f"estimator {est.name!r} {kind}: {how.why_mc}")
     est.check_batch_size(n)
     mu = env.check_policy(behaviour, "behaviour")
+    if est.kl is not None and ref is None:
+        raise ValueError(f"estimator {est.name!r} has a KL penalty: pass ref = pi_ref")
+    if est.aggregation == "token-sum":  # Z = 1: n times the seq-mean-token-sum estimator
+        twin = exact_moments(env, mu, as_token_sum_base(est), n, params, old, ref)
+        return dataclasses.replace(twin, mean=n * twin.mean, variance=n**2 * twin.variance)
     if how.method == "dp":  # beyond enumeration: the moment DP
         return _dp_moments(env, mu, est, n, old, params)
-    baseline = oracle_baseline(env, mu, est)
+    baseline = oracle_baseline(env, mu, est, ref)
     atoms = env.support(mu, baseline)
+    if est.kl is not None and est.kl.where == "reward":
+        atoms = penalised_support(env, mu, ref, est.kl, baseline, atoms)
     mask = np.asarray(atoms.mask, dtype=bool)  # (M, T)
     old_lr = old_log_ratio_of(env, old, mu, atoms)
     c = est.coefficients(atoms.log_ratio, mask, atoms.advantage_sign, old_log_ratio=old_lr)
     check_finite_coefficients(est, c, mask, "tokens of the support")
     per_token = c * _atom_weights(est, atoms, mask, old_lr)  # c_t·a_t, (M, T)
     first = env.accumulate(atoms.actions, per_token * atoms.adv_first[:, None])  # E h, (D,)
+    loss_kl = None
+    if est.kl is not None and est.kl.where == "loss":
+        x = kl_mod.token_log_ratio_to_ref(
+            env, ref, mu, atoms.actions, mask, atoms.log_ratio, getattr(atoms, "states", None)
+        )
+        # λ^KL of each atom seen as a batch of one (its own aggregation weight), (M, T)
+        loss_kl = est.kl_loss_weights(x[:, None, :], atoms.log_ratio[:, None, :], mask[:, None, :])[
+            :, 0, :
+        ]
+        first = first + env.accumulate(atoms.actions, loss_kl * atoms.prob[:, None])
     if params == "tied":
         first = tie(first, env.T)
     norms = _atom_score_norms_sq(env, atoms.actions, per_token, params)
     second = float(np.sum(atoms.adv_second * norms))
+    if loss_kl is not None:
+        v_sq = _atom_score_norms_sq(env, atoms.actions, loss_kl, params)
+        uv = 0.5 * (_atom_score_norms_sq(env, atoms.actions, per_token + loss_kl, params))
+        uv -= 0.5 * (norms + v_sq)
+        second += float(np.sum(2.0 * atoms.adv_first * uv + atoms.prob * v_sq))
     var_one = max(second - float(first @ first), 0.0)
     abs_c = np.abs(c) * mask
     mean_length = float(atoms.prob @ mask.sum(axis=1))
@@ -156,18 +199,57 @@ def check_finite_coefficients(est: Estimator, c: np.ndarray, mask: np.ndarray, w
         )
 
 
-def oracle_baseline(env, mu, estimator) -> float:
+def oracle_baseline(env, mu, estimator, ref=None) -> float:
     """The exact baseline b of ``estimator``'s advantage A = R − b on ``env`` under μ = ``mu``.
 
     ``oracle``: J(μ) (``env.J(mu)``: what group and batch means of μ-drawn rewards estimate,
-    so that E_μ[A] = 0); ``oracle_pi``: J(π) (``env.J()``); any other advantage: 0.
+    so that E_μ[A] = 0); ``oracle_pi``: J(π) (``env.J()``); any other advantage: 0. With a KL
+    penalty in the reward (``ref`` = π_ref) the mean of the penalised reward R − β·Σ_t w_t k_t
+    under μ (``oracle``) or π (``oracle_pi``): :func:`simkit.kl.expected_penalty`.
     """
     est = as_estimator(estimator)
-    if est.advantage == "oracle":
-        return float(env.J(mu))
-    if est.advantage == "oracle_pi":
-        return float(env.J())
-    return 0.0
+    if est.advantage not in ("oracle", "oracle_pi"):
+        return 0.0
+    b = float(env.J(mu)) if est.advantage == "oracle" else float(env.J())
+    if est.kl is not None and est.kl.where == "reward":
+        if ref is None:
+            raise ValueError(f"estimator {est.name!r} has a KL penalty: pass ref = pi_ref")
+        policy = mu if est.advantage == "oracle" else env.pi
+        b -= est.kl.beta * kl_mod.expected_penalty(env, ref, mu, est.kl, policy)
+        if not math.isfinite(b):
+            raise ValueError(
+                f"estimator {est.name!r}: the penalised reward has no finite mean under the "
+                "baseline's policy (correction='is' with mu = 0 where pi > 0)"
+            )
+    return b
+
+
+def penalised_support(env, mu, ref, kl, baseline: float, atoms):
+    """The support ``atoms`` of ``env.support(mu, baseline)`` with the advantage of a KL
+    penalty in the reward, A' = R − ``baseline`` − β·Σ_t w_t k_t (a function of the atom).
+
+    Token MDP: the atoms are sequences; their A' replaces A. Bandit: the penalty depends on
+    the arm y only, so the atoms (y, sign A') are those of ``env.support(mu, baseline + β·P_y)``
+    restricted to arm y (the partial moments of the reward given y at that arm's baseline).
+    """
+    if hasattr(env, "transition"):
+        mask = np.asarray(atoms.mask, dtype=bool)
+        x = kl_mod.token_log_ratio_to_ref(
+            env, ref, mu, atoms.actions, mask, atoms.log_ratio, atoms.states
+        )
+        adv = atoms.rewards - baseline - kl.beta * kl.values(x, atoms.log_ratio, mask).sum(1)
+        return dataclasses.replace(
+            atoms, positive=adv >= 0, adv_first=atoms.prob * adv, adv_second=atoms.prob * adv**2
+        )
+    table = kl_mod.penalty_table(env, ref, mu, kl)
+    parts = []
+    for y in range(env.K):
+        if not mu[y] > 0:
+            continue
+        arm = env.support(mu, baseline + kl.beta * float(table[y]))
+        keep = arm.actions == y
+        parts.append({f.name: getattr(arm, f.name)[keep] for f in dataclasses.fields(arm)})
+    return type(atoms)(**{k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
 
 
 #: per-atom gradient vectors formed at once by :func:`_atom_score_norms_sq` (values)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simkit import reliability
-from simkit.estimators import ORACLE_ADVANTAGES, Estimator, as_estimator
+from simkit.estimators import ORACLE_ADVANTAGES, TOKEN_ADVANTAGES, Estimator, as_estimator
 from simkit.experiment.exact import check_finite_coefficients, oracle_baseline
 from simkit.experiment.metrics import best_scale, cosine, snr
 
@@ -34,15 +34,22 @@ class MonteCarloDraws:
     mask: np.ndarray
 
 
-def sample_gradients(env, batch, estimator, old_log_ratio=None, rng=None) -> MonteCarloDraws:
+def sample_gradients(
+    env, batch, estimator, old_log_ratio=None, rng=None, ref_log_ratio=None, baseline=None
+) -> MonteCarloDraws:
     """ĝ_r = ``env.accumulate(actions_r, λ_r)`` for every batch r of ``batch`` (reps, n, …).
 
     ``old_log_ratio`` (reps, n, T): log π_old − log μ of the drawn tokens (composed
-    estimators); ``rng``: the Generator of a stochastic mapping. Raises ``ValueError`` naming
-    the estimator if its mapping returns a non-finite coefficient.
+    estimators); ``rng``: the Generator of a stochastic mapping; ``ref_log_ratio`` (reps, n,
+    T): log π − log π_ref of the drawn tokens (estimators with a KL penalty); ``baseline``:
+    the oracle baseline to use (default: the estimator's, from ``batch.J``/``batch.J_mu``; a
+    KL penalty in the reward passes the penalised one). Raises ``ValueError`` naming the
+    estimator if its mapping returns a non-finite coefficient.
     """
     est = as_estimator(estimator)
-    b = est.baseline(batch.J, batch.J_mu) if est.advantage in ORACLE_ADVANTAGES else None
+    b = baseline
+    if b is None and est.advantage in ORACLE_ADVANTAGES:
+        b = est.baseline(batch.J, batch.J_mu)
     lam, c = est.token_weights(
         batch.log_ratio,
         batch.mask,
@@ -51,6 +58,8 @@ def sample_gradients(env, batch, estimator, old_log_ratio=None, rng=None) -> Mon
         return_coefficients=True,
         old_log_ratio=old_log_ratio,
         rng=rng,
+        ref_log_ratio=ref_log_ratio,
+        score_sq=token_score_sq(env, batch) if est.advantage in TOKEN_ADVANTAGES else None,
     )
     mask = np.asarray(batch.mask, dtype=bool)
     check_finite_coefficients(est, c, mask, f"of {int(mask.sum())} drawn tokens")
@@ -61,6 +70,22 @@ def sample_gradients(env, batch, estimator, old_log_ratio=None, rng=None) -> Mon
         else env.accumulate(batch.actions, lam, states=states)
     )
     return MonteCarloDraws(gradients=grads, coefficients=c, mask=mask)
+
+
+def token_score_sq(env, batch) -> np.ndarray:
+    """‖∇θ log π(y_t|s_t)‖² = 1 − 2π(y_t|s_t) + Σ_v π(v|s_t)² of every drawn token, shape of
+    ``batch.mask`` (0 on padding): the per-token variance proxy of verl's optimal token
+    baseline (:func:`simkit.estimators.otb_advantages`), exact for the softmax policies here."""
+    mask = np.asarray(batch.mask, dtype=bool)
+    y = np.asarray(batch.actions)
+    pi = env.pi
+    if getattr(batch, "states", None) is None:  # bandit: (L..., n) arms, T = 1
+        out = 1.0 - 2.0 * pi[y] + float(pi @ pi)
+        return np.where(mask, out[..., None], 0.0)
+    cls = env.policy_index[np.asarray(batch.states)]
+    t_idx = np.broadcast_to(np.arange(env.T), y.shape)
+    sq = np.einsum("tpv,tpv->tp", pi, pi)[t_idx, cls]
+    return np.where(mask, 1.0 - 2.0 * pi[t_idx, cls, y] + sq, 0.0)
 
 
 def bootstrap_weights(reps: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:

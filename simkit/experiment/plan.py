@@ -16,8 +16,9 @@ The rules, in order (the first that applies decides):
 4. The environment's support can be enumerated (the bandit; a token MDP within the enumeration
    budget) → ``enumeration`` (:func:`simkit.experiment.exact.exact_moments`).
 5. A moment DP applies (:mod:`simkit.envs.token_moments` for untied parameters, composed
-   estimators included; :mod:`simkit.envs.token_moments_tied` for tied ones, whose second
-   moment carries the cross-position terms) → ``dp``.
+   estimators included, not an estimator with a KL penalty;
+   :mod:`simkit.envs.token_moments_tied` for tied ones, whose second moment carries the
+   cross-position terms) → ``dp``.
 6. Otherwise → ``monte_carlo``, with the DP's reason.
 """
 
@@ -90,6 +91,11 @@ def dp_obstacle(est: Estimator, env, params: str) -> str:
     """'' if a moment DP gives ``est``'s exact moments on ``env`` with ``params``, else why not."""
     from simkit.envs.token_moments import composed_dp_applies
 
+    if est.kl is not None:
+        return "a KL penalty has no moment DP (its rows are exact by enumeration only)"
+    if est.aggregation == "token-sum":  # n × seq-mean-token-sum (exact.exact_moments)
+        est = as_token_sum_base(est)
+
     if params == "tied":
         from simkit.envs.token_moments_tied import tied_composed_dp_applies
 
@@ -99,6 +105,14 @@ def dp_obstacle(est: Estimator, env, params: str) -> str:
     return composed_dp_applies(
         env, est.mapping, est.correction, est.mode, est.aggregation, est.denominator
     )
+
+
+def as_token_sum_base(est: Estimator) -> Estimator:
+    """The ``seq-mean-token-sum`` twin of a ``token-sum`` estimator: its ĝ is the twin's times
+    the batch size n (Z = 1 instead of N), so the twin's exact path serves both."""
+    import dataclasses
+
+    return dataclasses.replace(est, aggregation="seq-mean-token-sum")
 
 
 def estimator_obstacles(est: Estimator, env) -> list[str]:

@@ -3,20 +3,23 @@ docstring states what it computes and how)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import pandas as pd
 
+from simkit import kl as kl_mod
 from simkit import legs
 from simkit._memory import check_samples
 from simkit._validation import check_seed, int_at_least
-from simkit.estimators import as_estimators
+from simkit.estimators import ORACLE_ADVANTAGES, as_estimators
 from simkit.experiment.exact import (
     check_params,
     exact_metrics,
     exact_moments,
     old_log_ratio_of,
+    oracle_baseline,
     tie,
 )
 from simkit.experiment.monte_carlo import (
@@ -27,7 +30,7 @@ from simkit.experiment.monte_carlo import (
     sample_gradients,
 )
 from simkit.experiment.plan import plan
-from simkit.experiment.table import RESERVED, describe, tidy
+from simkit.experiment.table import RESERVED, describe, kl_describe, tidy
 from simkit.reliability import khat_of_weights
 
 #: a progress bar is shown (``progress=None``) when the Monte Carlo work, counted in drawn
@@ -49,6 +52,7 @@ def run(
     progress: bool | None = None,
     params: str = "untied",
     old=None,
+    ref=None,
 ) -> pd.DataFrame:
     """Bias / variance table of ``estimators`` for n-sample batches drawn from ``behaviour``.
 
@@ -76,6 +80,16 @@ def run(
         ``Estimator`` with a ``correction``) then see both legs, exactly wherever the path is
         exact; estimators without a correction ignore it. Adds the columns
         :data:`simkit.legs.LEG_COLUMNS` (χ²/KL of π‖π_old and π_old‖μ).
+    ref : π_ref's distribution (the shape of ``behaviour``), optional. Default None: no KL term
+        (estimators with a ``kl`` penalty are refused). With it, a row whose estimator has a
+        penalty β·KL (:class:`simkit.kl.KLPenalty`) is measured against the exact gradient of
+        J(π) − β·KL_seq(π‖π_ref) (:func:`simkit.kl.kl_seq_and_grad`): ``bias`` … are of that
+        total, and the columns :data:`KL_COLUMNS` are added: ``kl_estimator``, ``kl_where``,
+        ``kl_correction``, ``kl_beta`` (NaN/None on rows without a penalty), ``kl_seq_ref`` =
+        KL_seq(π‖π_ref), ``kl_grad_norm`` = β‖∇KL_seq‖ and ``kl_bias`` = ‖E ĝ_KL + β∇KL_seq‖,
+        the bias of the KL part alone, ĝ_KL = ĝ − ĝ₀ with ĝ₀ the same estimator without the
+        penalty on the same draws (exact by enumeration; Monte Carlo with bounds
+        ``kl_bias_lo``/``kl_bias_hi`` otherwise).
 
     Returns
     -------
@@ -127,10 +141,27 @@ def run(
 
     check_samples(reps, n, env.T)  # the batches are drawn at once: refuse what cannot fit
     old_p = None if old is None else legs.check_old(env, old)
+    ref_p = None if ref is None else kl_mod.check_ref(env, ref)
+    if ref_p is None:
+        bad = [e.name for e in ests if e.kl is not None]
+        if bad:
+            raise ValueError(f"estimators {bad} have a KL penalty: pass ref = pi_ref to run")
     # a third child for stochastic mappings (children 0 and 1 are those of spawn(2))
     draw_ss, boot_ss, coef_ss = np.random.SeedSequence(check_seed(seed)).spawn(3)
     batch = env.sample(mu, n, np.random.default_rng(draw_ss), reps=reps)
     old_lr = old_log_ratio_of(env, old_p, mu, batch)
+    ref_lr = None
+    kl_grad = None
+    kl_columns = {}
+    if ref_p is not None:
+        states = getattr(batch, "states", None)
+        ref_lr = kl_mod.token_log_ratio_to_ref(
+            env, ref_p, mu, batch.actions, batch.mask, batch.log_ratio, states
+        )
+        kl_value, kl_grad = kl_mod.kl_seq_and_grad(env, ref_p)
+        if params == "tied":
+            kl_grad = tie(kl_grad, env.T)
+        kl_columns = {"kl_seq_ref": kl_value}
     leg_columns = {} if old_p is None else legs.leg_divergences(env, old_p, mu)
     boot_weights = None
     if not all(use_exact):
@@ -148,15 +179,52 @@ def run(
     rows = []
     for est, how in tqdm(list(zip(ests, plans)), desc="estimators", disable=not progress):
         is_exact = how.exact
-        draws = sample_gradients(env, batch, est, old_lr, np.random.default_rng(coef_ss))
+        truth = grad_J if est.kl is None else grad_J - est.kl.beta * kl_grad
+        b = None
+        if est.kl is not None and est.advantage in ORACLE_ADVANTAGES:
+            b = oracle_baseline(env, mu, est, ref_p)
+        draws = sample_gradients(
+            env, batch, est, old_lr, np.random.default_rng(coef_ss), ref_lr, baseline=b
+        )
         if params == "tied":
             draws = MonteCarloDraws(tie(draws.gradients, env.T), draws.coefficients, draws.mask)
         if is_exact:
-            metrics = exact_metrics(exact_moments(env, mu, est, n, params, old=old_p), grad_J)
+            moments = exact_moments(env, mu, est, n, params, old=old_p, ref=ref_p)
+            metrics = exact_metrics(moments, truth)
             trusted, nu = True, math.nan
         else:
-            metrics = monte_carlo_metrics(draws, grad_J, n, boot_weights, level)
-            trusted, nu = row_reliability(env, mu, est, draws.gradients, grad_J, n, old_p)
+            metrics = monte_carlo_metrics(draws, truth, n, boot_weights, level)
+            # the reliability of the row's weights: those of the estimator without the penalty
+            plain = est if est.kl is None else dataclasses.replace(est, kl=None)
+            trusted, nu = row_reliability(env, mu, plain, draws.gradients, truth, n, old_p)
+        kl_metrics = {}
+        if ref_p is not None:
+            kl_metrics = {**kl_columns, **kl_describe(est), "kl_grad_norm": math.nan}
+            kl_metrics.update(kl_bias=math.nan, kl_bias_lo=math.nan, kl_bias_hi=math.nan)
+        if est.kl is not None:
+            kl_metrics["kl_grad_norm"] = float(np.linalg.norm(est.kl.beta * kl_grad))
+            base = dataclasses.replace(est, kl=None)
+            target = -est.kl.beta * kl_grad
+            if is_exact:
+                base_mean = exact_moments(env, mu, base, n, params, old=old_p).mean
+                kl_metrics["kl_bias"] = float(np.linalg.norm(moments.mean - base_mean - target))
+                kl_metrics["kl_bias_lo"] = kl_metrics["kl_bias_hi"] = math.nan
+            else:
+                base_draws = sample_gradients(
+                    env, batch, base, old_lr, np.random.default_rng(coef_ss)
+                )
+                diff = draws.gradients - (
+                    tie(base_draws.gradients, env.T) if params == "tied" else base_draws.gradients
+                )
+                kl_mc = monte_carlo_metrics(
+                    MonteCarloDraws(diff, draws.coefficients, draws.mask),
+                    target,
+                    n,
+                    boot_weights,
+                    level,
+                )
+                for key in ("", "_lo", "_hi"):
+                    kl_metrics[f"kl_bias{key}"] = kl_mc[f"bias{key}"]
         coeff = np.abs(draws.coefficients[draws.mask])
         rows.append(
             {
@@ -168,6 +236,7 @@ def run(
                 "reps": reps,
                 **divergences,
                 **leg_columns,
+                **kl_metrics,
                 **metrics,
                 "khat": khat_of_weights(coeff),
                 "exact": is_exact,

@@ -35,6 +35,21 @@ METRIC_COLUMNS = (
     *(k for k in SCALE_FREE_COLUMNS if k not in BOUNDED_METRICS),
 )
 
+#: the columns of a KL penalty to π_ref (present only when ``run(..., ref=...)``), after the
+#: divergences: the penalty's description, KL_seq(π‖π_ref), β‖∇KL_seq‖ and the bias of the
+#: KL part alone with its Monte Carlo bounds
+KL_COLUMNS = (
+    "kl_estimator",
+    "kl_where",
+    "kl_correction",
+    "kl_beta",
+    "kl_seq_ref",
+    "kl_grad_norm",
+    "kl_bias",
+    "kl_bias_lo",
+    "kl_bias_hi",
+)
+
 #: the size of the experiment, after the setting columns
 SIZE_COLUMNS = ("T", "params", "n", "reps")
 #: the last columns: k̂, the path (``exact``; the planner's ``method`` and ``why_mc``), the
@@ -46,6 +61,7 @@ RESERVED = (
     *ESTIMATOR_COLUMNS,
     *COMPOSITION_COLUMNS,
     *legs.LEG_COLUMNS,
+    *KL_COLUMNS,
     *SIZE_COLUMNS,
     *DIVERGENCE_COLUMNS,
     *METRIC_COLUMNS,
@@ -86,6 +102,20 @@ def describe_composition(est: Estimator) -> dict:
     return out
 
 
+def kl_describe(est: Estimator) -> dict:
+    """``kl_estimator``, ``kl_where``, ``kl_correction`` (``"none"`` or ``"is"``), ``kl_beta``
+    of ``est``'s KL penalty (None/NaN without one)."""
+    kl = est.kl
+    if kl is None:
+        return {"kl_estimator": None, "kl_where": None, "kl_correction": None, "kl_beta": math.nan}
+    return {
+        "kl_estimator": kl.estimator,
+        "kl_where": kl.where,
+        "kl_correction": kl.correction or "none",
+        "kl_beta": kl.beta,
+    }
+
+
 def tidy(rows: list[dict], ests: list[Estimator], setting_cols: list[str]) -> pd.DataFrame:
     """The rows of :func:`simkit.experiment.run` as a DataFrame in the documented column order
     (composition and π_old-leg columns only where present)."""
@@ -101,6 +131,7 @@ def tidy(rows: list[dict], ests: list[Estimator], setting_cols: list[str]) -> pd
         *SIZE_COLUMNS,
         *DIVERGENCE_COLUMNS,
         *[k for k in legs.LEG_COLUMNS if k in present],
+        *[k for k in KL_COLUMNS if k in present],
         *METRIC_COLUMNS,
         *TAIL_COLUMNS,
     ]

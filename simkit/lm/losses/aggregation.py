@@ -15,9 +15,9 @@ def aggregation_scale(
 
     The normalisations of :func:`simkit.estimators.aggregation_weights` (notation page,
     section D): ``token-mean`` Z = Σ mask; ``seq-mean-token-mean`` Z_i = N·|y_i|;
-    ``seq-mean-token-sum`` Z = N; ``seq-mean-token-sum-norm`` Z = N·L_max with L_max =
-    ``max_length`` (default T), which must be >= the longest row. A row (or batch) without valid
-    tokens gets 0. Dtype float64 on the mask's device.
+    ``seq-mean-token-sum`` Z = N; ``token-sum`` Z = 1; ``seq-mean-token-sum-norm`` Z = N·L_max
+    with L_max = ``max_length`` (default T), which must be >= the longest row. A row (or batch)
+    without valid tokens gets 0. Dtype float64 on the mask's device.
     """
     _check_aggregation(agg, max_length)
     if mask.ndim != 2:
@@ -50,6 +50,8 @@ def _inverse_z(lengths: torch.Tensor, T: int, agg: str, max_length: int | None) 
         return torch.where(lengths > 0, 1.0 / (N * lengths).clamp(min=1), zeros)
     if agg == "seq-mean-token-sum":
         return torch.full_like(lengths, 1.0 / N) if N else zeros
+    if agg == "token-sum":
+        return torch.ones_like(lengths)
     L_max = T if max_length is None else max_length
     longest = int(lengths.max()) if N else 0
     if longest > L_max:

@@ -14,6 +14,7 @@ from simkit.lm.losses.autograd import linearised_loss
 from simkit.lm.losses.batch import _Batch, _Terms
 from simkit.lm.losses.inputs import _as_tensor, _check_inputs
 from simkit.lm.losses.kernels import _KERNELS, _log
+from simkit.lm.losses.kl_penalty import check_kl, loss_term, reward_penalty
 from simkit.lm.losses.metrics import _extremes, _metrics
 from simkit.mappings.base import Mapping
 
@@ -109,6 +110,8 @@ def policy_loss(
     mode: str = "decoupled",
     rollout_log_prob=None,
     allow_same_ratio: bool = False,
+    ref_log_prob=None,
+    kl=None,
     **hyperparams,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy loss of weight mapping ``name`` and its metrics.
@@ -153,6 +156,13 @@ def policy_loss(
         clip × TIS: c = r·min(r, C) at A < 0, the ratio counted twice) is refused unless True,
         as :class:`simkit.estimators.Estimator` refuses it
         (:func:`simkit.composition.check_correction`).
+    ref_log_prob, kl : optional
+        A penalty β·KL(π‖π_ref) (:class:`simkit.kl.KLPenalty`, the same λ as
+        ``Estimator(..., kl=...)``; :mod:`simkit.lm.losses.kl_penalty`): ``ref_log_prob`` (N, T)
+        = log π_ref of the tokens. ``kl.where="loss"`` adds β·Σ (1/Z_i)·w·k(log π − log π_ref)
+        over valid tokens, its gradient through log π (and through w = π/μ with
+        ``correction="is"``, μ = ``rollout_log_prob`` if given, else ``old_log_prob``);
+        ``"reward"`` subtracts β·Σ_t w·k (detached) from each row's advantage first.
     **hyperparams
         The mapping's hyperparameters (names and defaults of ``simkit.mappings``).
 
@@ -171,6 +181,17 @@ def policy_loss(
             f"unknown denominator {denominator!r}; valid denominators: {', '.join(DENOMINATORS)}"
         )
     lp, old, mask, adv, dtype = _check_inputs(log_prob, old_log_prob, advantages, response_mask)
+    ref = check_kl(kl, ref_log_prob, log_prob, mask, dtype)
+    if ref is not None:
+        sampling = (
+            old
+            if rollout_log_prob is None
+            else _as_tensor(rollout_log_prob, "rollout_log_prob", log_prob.device)
+            .detach()
+            .to(dtype)
+        )
+        if kl.where == "reward":
+            adv = adv - reward_penalty(kl, log_prob.to(dtype), sampling, ref, mask)
     mask_bytes = mask.view(torch.uint8)  # (a bool → float cast is several times slower)
     full = mask.numel() == 0 or bool(mask_bytes.amin() == 1)  # no padding: no mask products
     if full:  # maskf a broadcast 1 (no memory), every row T long
@@ -180,6 +201,7 @@ def policy_loss(
         maskf = mask_bytes.to(dtype)
         lengths = maskf.sum(dim=1)
     inv_z = _inverse_z(lengths, mask.shape[1], agg, max_length)
+    inv_z_valid = inv_z  # the KL term's aggregation (valid tokens, whatever ``denominator``)
     surrogate = FORMS[mapping.name] == SURROGATE
     lp = lp.to(dtype)
 
@@ -266,6 +288,8 @@ def policy_loss(
         # the weights are 0 on padding; where log π may be non-finite there, zero it first
         log_pi = lp if finite else torch.where(mask, lp, 0.0)
         loss = -torch.dot(token_weight.reshape(-1), log_pi.reshape(-1))
+    if ref is not None and kl.where == "loss":
+        loss = loss + loss_term(kl, log_prob.to(dtype), sampling, ref, mask, inv_z_valid)
     if not compute_metrics:
         return loss, {}
     # the metrics need the counts only: F and c are released first (the metrics' own (N, T)
