@@ -1,0 +1,247 @@
+"""Exact moments of per-sample estimators under a behaviour made of several policy versions.
+
+A :class:`~simkit.envs.versions.VersionedBehaviour` is a set of components c (a version per
+position, a weight w_c); a sample of the batch comes from component c with probability w_c,
+then y ~ q_c (the component's position-dependent table). For a per-sample estimator
+ĝ = (1/n)Σ_i h_i with h_i i.i.d. (:func:`simkit.experiment.exact_moments` states h):
+
+    E h    = Σ_c w_c Σ_y q_c(y)·A(y)·Σ_t c_t a_t ∇log π(y_t|s_t)
+    E‖h‖²  = Σ_c w_c Σ_y q_c(y)·A(y)²·‖Σ_t c_t a_t ∇log π(y_t|s_t)‖²
+    E ĝ = E h,   Var ĝ = (E‖h‖² − ‖E h‖²)/n
+
+(the variance of a mixture is its second moment minus the squared *mixture* mean; the
+per-component variances do not add up to it). The baseline b of the ``oracle`` advantage is
+the batch's J(μ) = Σ_c w_c J(q_c). The coefficients c_t see the log-ratio
+ℓ_t = log π(y_t) − log r_t where r is what the trainer **records** (``record``, see
+:data:`simkit.envs.versions.RECORDS`): the true per-token version (per-token version ratios;
+for whole-sequence components: per-version IS), the start version, one assumed age, or the
+mixture's next-token law (multiple importance sampling across versions, balance heuristic:
+Π_t r_t = Σ_c w_c q_c(y)).
+
+Composed estimators (a ``correction``) take π_old = ``old``: a table (the recomputed π_old),
+a :class:`simkit.legs.LogLinearOld` (one α), or ``"loglinear"``: AReaL's α per token from the
+versions (:func:`simkit.envs.versions.loglinear_alpha`, π_old ``proximal_age`` updates behind
+π, the behaviour version the one recorded). Exact by enumeration of the support (every
+sequence of the environment, within its enumeration budget).
+
+With one component of one version and ``record="true"`` every number equals
+:func:`simkit.experiment.exact_moments`'s bit for bit (the same operations on the same atoms).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from simkit import legs
+from simkit.envs.versions import VersionedBehaviour, check_record, loglinear_alpha
+from simkit.estimators import as_estimator, as_estimators
+from simkit.experiment.exact import (
+    ExactMoments,
+    _atom_score_norms_sq,
+    _atom_weights,
+    check_finite_coefficients,
+    check_params,
+    exact_metrics,
+    tie,
+)
+from simkit.experiment.metrics import effective_sample_size, kept_fractions
+
+__all__ = ["mixture_divergences", "versioned_metrics", "versioned_moments", "versioned_table"]
+
+
+def _baseline(env, behaviour: VersionedBehaviour, est) -> float:
+    if est.advantage == "oracle":
+        return behaviour.J(env)
+    if est.advantage == "oracle_pi":
+        return float(env.J())
+    return 0.0
+
+
+def _token_log_probs(env, table, atoms) -> np.ndarray:
+    """log table(y_t | t, s_t) on the atoms' tokens (M, T), 0 on padding."""
+    mask = np.asarray(atoms.mask, dtype=bool)
+    states = getattr(atoms, "states", None)
+    if states is None:  # bandit: one token, the arm
+        lp = legs._log(np.asarray(table))[np.asarray(atoms.actions)]
+        return np.where(mask, lp[..., None] if lp.ndim < mask.ndim else lp, 0.0)
+    return env._token_log_prob(table, atoms.actions, mask, states)
+
+
+def _recorded(env, behaviour, record, c: int, atoms, tables) -> np.ndarray:
+    """log r_t: the behaviour log-probabilities the trainer records on the atoms of ``c``."""
+    if record == "mixture":
+        w = behaviour.weights
+        cum = np.stack([np.cumsum(_token_log_probs(env, q, atoms), axis=1) for q in tables])
+        with np.errstate(divide="ignore"):
+            log_m = np.logaddexp.reduce(np.log(w)[:, None, None] + cum, axis=0)  # (M, T)
+        prev = np.concatenate([np.zeros((log_m.shape[0], 1)), log_m[:, :-1]], axis=1)
+        return np.where(np.asarray(atoms.mask, dtype=bool), log_m - prev, 0.0)
+    versions = behaviour.recorded_version(record, c)
+    stack = np.stack(behaviour.versions)
+    if stack.ndim == 2:  # bandit
+        return _token_log_probs(env, stack[versions[0]], atoms)
+    table = stack[versions, np.arange(versions.size)]
+    return _token_log_probs(env, table, atoms)
+
+
+def _old_log_ratio(env, behaviour, record, c, atoms, log_ratio, rec, old, proximal_age):
+    if old is None:
+        return None
+    mask = np.asarray(atoms.mask, dtype=bool)
+    if isinstance(old, legs.LogLinearOld):
+        return old.alpha * log_ratio
+    if isinstance(old, str):
+        if old != "loglinear":
+            raise ValueError(f"old must be a table, LogLinearOld or 'loglinear', got {old!r}")
+        versions = behaviour.recorded_version(record, c)
+        if versions is None:
+            raise ValueError("old='loglinear' needs a recorded version (record != 'mixture')")
+        alpha = loglinear_alpha(np.asarray(behaviour.ages)[versions], proximal_age)  # (T,)
+        return np.where(mask, alpha[None, : mask.shape[1]] * log_ratio, 0.0)
+    lp_old = _token_log_probs(env, env.check_policy(old, "old"), atoms)
+    with np.errstate(invalid="ignore"):
+        return np.where(mask, lp_old - rec, 0.0)
+
+
+def versioned_moments(
+    env,
+    behaviour: VersionedBehaviour,
+    estimator,
+    n: int,
+    record="true",
+    old=None,
+    proximal_age: int = 1,
+    params: str = "untied",
+) -> ExactMoments:
+    """E ĝ, Var ĝ, ESS and kept fractions of an n-sample per-sample estimator under
+    ``behaviour`` (module docstring), exact by enumeration.
+
+    ``record``: what the trainer logs as the behaviour log-probabilities (one of
+    :data:`~simkit.envs.versions.RECORDS` or an int age); ``old``: π_old of a composed
+    estimator (a table, :class:`~simkit.legs.LogLinearOld`, or ``"loglinear"`` with α per
+    token from the versions and ``proximal_age``); ``params`` as in
+    :func:`~simkit.experiment.exact_moments`.
+    """
+    est = as_estimator(estimator)
+    params = check_params(params)
+    check_record(record)
+    if not isinstance(behaviour, VersionedBehaviour):
+        raise ValueError(f"behaviour must be a VersionedBehaviour, got {type(behaviour).__name__}")
+    if not est.per_sample:
+        raise ValueError(f"estimator {est.name!r} is not per-sample: no exact moments")
+    est.check_batch_size(n)
+    enumerable = getattr(env, "enumerable", None)
+    if enumerable is not None and not enumerable():
+        raise ValueError(
+            f"the environment has {env.n_sequences} sequences, beyond the enumeration budget: "
+            "versioned moments are exact by enumeration only"
+        )
+    b = _baseline(env, behaviour, est)
+    tables = [behaviour.table(c) for c in range(len(behaviour.components))]
+    first = None
+    second = 0.0
+    probs, cs, masks, lengths = [], [], [], []
+    for c, comp in enumerate(behaviour.components):
+        atoms = env.support(tables[c], b)
+        mask = np.asarray(atoms.mask, dtype=bool)
+        if record == "true":
+            log_ratio = atoms.log_ratio
+            rec = (
+                None
+                if old is None or isinstance(old, legs.LogLinearOld | str)
+                else (_token_log_probs(env, tables[c], atoms))
+            )
+        else:
+            rec = _recorded(env, behaviour, record, c, atoms, tables)
+            lp_pi = _token_log_probs(env, env.pi, atoms)
+            with np.errstate(invalid="ignore"):
+                log_ratio = np.where(mask, lp_pi - rec, 0.0)
+        old_lr = _old_log_ratio(env, behaviour, record, c, atoms, log_ratio, rec, old, proximal_age)
+        coef = est.coefficients(log_ratio, mask, atoms.advantage_sign, old_log_ratio=old_lr)
+        check_finite_coefficients(est, coef, mask, "tokens of the support")
+        per_token = coef * _atom_weights(est, _WithRatio(atoms, log_ratio), mask, old_lr)
+        w = comp.weight
+        part = env.accumulate(atoms.actions, per_token * (w * atoms.adv_first)[:, None])
+        if params == "tied":
+            part = tie(part, env.T)
+        first = part if first is None else first + part
+        norms = _atom_score_norms_sq(env, atoms.actions, per_token, params)
+        second += w * float(np.sum(atoms.adv_second * norms))
+        probs.append(w * atoms.prob)
+        cs.append(coef)
+        masks.append(mask)
+        lengths.append(mask.sum(axis=1))
+    prob = np.concatenate(probs)
+    coefs = np.concatenate(cs)
+    mask_all = np.concatenate(masks)
+    abs_c = np.abs(coefs) * mask_all
+    var_one = max(second - float(first @ first), 0.0)
+    mean_length = float(prob @ np.concatenate(lengths))
+    ess = effective_sample_size(
+        n, float(prob @ abs_c.sum(axis=1)), float(prob @ (abs_c**2).sum(axis=1))
+    )
+    ess = ess / mean_length if mean_length > 0 else 0.0
+    kept = kept_fractions(coefs, mask_all, prob)
+    return ExactMoments(mean=first, variance=var_one / n, ess=ess, **kept)
+
+
+class _WithRatio:
+    """The atoms with another log-ratio (what :func:`_atom_weights` reads)."""
+
+    def __init__(self, atoms, log_ratio):
+        self.log_ratio = log_ratio
+        self.advantage_sign = atoms.advantage_sign
+
+
+def versioned_metrics(env, behaviour, estimator, n: int, **kwargs) -> dict[str, float]:
+    """The exact metrics (bias, variance, MSE, cosine, scale-free error, …) of
+    :func:`versioned_moments` against env's ∇J (tied with ``params="tied"``)."""
+    grad_J = env.grad_J()
+    if kwargs.get("params") == "tied":
+        grad_J = tie(grad_J, env.T)
+    return exact_metrics(versioned_moments(env, behaviour, estimator, n, **kwargs), grad_J)
+
+
+def mixture_divergences(env, behaviour: VersionedBehaviour) -> dict[str, float]:
+    """χ²(π‖μ_mix) and KL(π‖μ_mix) of the batch's sequence law μ_mix(y) = Σ_c w_c q_c(y) (by
+    enumeration: a mixture has no product form), and the per-version average
+    Σ_c w_c χ²(π‖q_c) ≥ χ²(π‖μ_mix) (joint convexity) as ``chi2_seq_versions``."""
+    support = env.support(env.pi, 0.0)
+    log_pi = np.log(support.prob)
+    log_q = np.stack(
+        [
+            _token_log_probs(env, behaviour.table(c), support).sum(axis=1)
+            for c in range(len(behaviour.components))
+        ]
+    )
+    w = behaviour.weights
+    with np.errstate(divide="ignore"):
+        log_mix = np.logaddexp.reduce(np.log(w)[:, None] + log_q, axis=0)
+        per = np.exp(2 * log_pi[None, :] - log_q).sum(axis=1) - 1.0
+    pi = support.prob
+    return {
+        "chi2_seq": float(np.sum(pi * np.exp(log_pi - log_mix)) - 1.0),
+        "kl_seq": float(np.sum(pi * (log_pi - log_mix))),
+        "chi2_seq_versions": float(w @ per),
+    }
+
+
+def versioned_table(env, behaviour, estimators, n: int, setting: dict | None = None, **kwargs):
+    """One row per estimator of :func:`versioned_metrics` (a pandas DataFrame) with the
+    ``estimator`` name, the constant ``setting`` columns, the batch's ``mean_age``,
+    ``wasted``, ``waited`` and :func:`mixture_divergences`."""
+    rows = []
+    div = mixture_divergences(env, behaviour)
+    for est in as_estimators(estimators):
+        row = {"estimator": est.name, **(setting or {})}
+        row.update(versioned_metrics(env, behaviour, est, n, **kwargs))
+        row.update(
+            mean_age=behaviour.mean_age(),
+            wasted=behaviour.wasted,
+            waited=behaviour.waited,
+            exact=True,
+            **div,
+        )
+        rows.append(row)
+    return pd.DataFrame(rows)
