@@ -46,6 +46,7 @@ from simkit.experiment.exact import (
     tie,
 )
 from simkit.experiment.metrics import effective_sample_size, kept_fractions
+from simkit.experiment.plan import plan
 
 __all__ = ["mixture_divergences", "versioned_metrics", "versioned_moments", "versioned_table"]
 
@@ -128,8 +129,10 @@ def versioned_moments(
     check_record(record)
     if not isinstance(behaviour, VersionedBehaviour):
         raise ValueError(f"behaviour must be a VersionedBehaviour, got {type(behaviour).__name__}")
-    if not est.per_sample:
-        raise ValueError(f"estimator {est.name!r} is not per-sample: no exact moments")
+    how = plan(est, env, params)
+    if not how.exact:
+        kind = "is not per-sample" if not est.per_sample else "has no exact path"
+        raise ValueError(f"estimator {est.name!r} {kind}: {how.why_mc}")
     est.check_batch_size(n)
     enumerable = getattr(env, "enumerable", None)
     if enumerable is not None and not enumerable():
