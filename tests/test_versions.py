@@ -178,7 +178,7 @@ def test_three_component_mixture_equals_enumeration():
     assert div["chi2_seq"] <= div["chi2_seq_versions"]
 
 
-@pytest.mark.parametrize("name", ESTIMATORS + ("gspo", "cispo"))
+@pytest.mark.parametrize("name", (*ESTIMATORS, "gspo", "cispo"))
 def test_one_version_is_today_bit_for_bit(name):
     env = TokenMDP.markov(3, 4, target=1, eos=2, seed=5, stationary=False)
     mu = noisy_policy(env.logits, 7, 0.6)
@@ -238,17 +238,22 @@ def test_loglinear_alpha_one_is_recomputed_old():
     # the approximation is exact (π_old = that version)
     vs = _versions(env)
     beh = V.mixture(env, vs[1:2], [1.0], ages=[1])
-    a = versioned_moments(env, beh, est, 8, old="loglinear", proximal_age=1)
+    a = versioned_moments(env, beh, est, 8, old="loglinear", proximal_age=1, theta_lead=0)
     b = versioned_moments(env, beh, est, 8, old=vs[1])
     np.testing.assert_allclose(a.mean, b.mean, atol=TOL, rtol=0)
     assert a.variance == pytest.approx(b.variance, abs=TOL)
     # with π_old = π (proximal_age 0) α = 1 on every token: the recomputed π_old = π
     mix = V.mixture(env, vs, [0.5, 0.3, 0.2])
-    a = versioned_moments(env, mix, est, 8, old="loglinear", proximal_age=0)
+    a = versioned_moments(env, mix, est, 8, old="loglinear", proximal_age=0, theta_lead=0)
     b = versioned_moments(env, mix, est, 8, old=env.pi)
     np.testing.assert_allclose(a.mean, b.mean, atol=TOL, rtol=0)
     assert a.variance == pytest.approx(b.variance, abs=TOL)
-    np.testing.assert_allclose(V.loglinear_alpha([0, 1, 2, 4], 1), [1.0, 0.0, 0.5, 0.75])
+    np.testing.assert_allclose(V.loglinear_alpha([0, 1, 2, 4], 1, 0), [1.0, 0.0, 0.5, 0.75])
+    np.testing.assert_allclose(V.loglinear_alpha([0, 1, 3]), [0.0, 0.5, 0.75])  # a/(a + 1)
+    # AReaL's counter (lead 1) on on-policy tokens: α = 0, π_prox = μ = π
+    on = versioned_moments(env, V.mixture(env, vs[:1], [1.0]), est, 8, old="loglinear")
+    rec = versioned_moments(env, V.mixture(env, vs[:1], [1.0]), est, 8, old=env.pi)
+    np.testing.assert_allclose(on.mean, rec.mean, atol=TOL, rtol=0)
 
 
 def test_lag_weights_and_bad_input():

@@ -20,8 +20,8 @@ mixture's next-token law (multiple importance sampling across versions, balance 
 
 Composed estimators (a ``correction``) take π_old = ``old``: a table (the recomputed π_old),
 a :class:`simkit.legs.LogLinearOld` (one α), or ``"loglinear"``: AReaL's α per token from the
-versions (:func:`simkit.envs.versions.loglinear_alpha`, π_old ``proximal_age`` updates behind
-π, the behaviour version the one recorded). Exact by enumeration of the support (every
+versions (:func:`simkit.envs.versions.loglinear_alpha`, the behaviour version the one
+recorded). Exact by enumeration of the support (every
 sequence of the environment, within its enumeration budget).
 
 With one component of one version and ``record="true"`` every number equals
@@ -86,7 +86,7 @@ def _recorded(env, behaviour, record, c: int, atoms, tables) -> np.ndarray:
     return _token_log_probs(env, table, atoms)
 
 
-def _old_log_ratio(env, behaviour, record, c, atoms, log_ratio, rec, old, proximal_age):
+def _old_log_ratio(env, behaviour, record, c, atoms, log_ratio, rec, old, prox):
     if old is None:
         return None
     mask = np.asarray(atoms.mask, dtype=bool)
@@ -98,7 +98,7 @@ def _old_log_ratio(env, behaviour, record, c, atoms, log_ratio, rec, old, proxim
         versions = behaviour.recorded_version(record, c)
         if versions is None:
             raise ValueError("old='loglinear' needs a recorded version (record != 'mixture')")
-        alpha = loglinear_alpha(np.asarray(behaviour.ages)[versions], proximal_age)  # (T,)
+        alpha = loglinear_alpha(np.asarray(behaviour.ages)[versions], *prox)  # (T,)
         return np.where(mask, alpha[None, : mask.shape[1]] * log_ratio, 0.0)
     lp_old = _token_log_probs(env, env.check_policy(old, "old"), atoms)
     with np.errstate(invalid="ignore"):
@@ -112,7 +112,8 @@ def versioned_moments(
     n: int,
     record="true",
     old=None,
-    proximal_age: int = 1,
+    proximal_age: int = 0,
+    theta_lead: int = 1,
     params: str = "untied",
 ) -> ExactMoments:
     """E ĝ, Var ĝ, ESS and kept fractions of an n-sample per-sample estimator under
@@ -121,7 +122,8 @@ def versioned_moments(
     ``record``: what the trainer logs as the behaviour log-probabilities (one of
     :data:`~simkit.envs.versions.RECORDS` or an int age); ``old``: π_old of a composed
     estimator (a table, :class:`~simkit.legs.LogLinearOld`, or ``"loglinear"`` with α per
-    token from the versions and ``proximal_age``); ``params`` as in
+    token from the recorded versions, ``proximal_age`` and ``theta_lead``:
+    :func:`~simkit.envs.versions.loglinear_alpha`); ``params`` as in
     :func:`~simkit.experiment.exact_moments`.
     """
     est = as_estimator(estimator)
@@ -160,7 +162,9 @@ def versioned_moments(
             lp_pi = _token_log_probs(env, env.pi, atoms)
             with np.errstate(invalid="ignore"):
                 log_ratio = np.where(mask, lp_pi - rec, 0.0)
-        old_lr = _old_log_ratio(env, behaviour, record, c, atoms, log_ratio, rec, old, proximal_age)
+        old_lr = _old_log_ratio(
+            env, behaviour, record, c, atoms, log_ratio, rec, old, (proximal_age, theta_lead)
+        )
         coef = est.coefficients(log_ratio, mask, atoms.advantage_sign, old_log_ratio=old_lr)
         check_finite_coefficients(est, coef, mask, "tokens of the support")
         per_token = coef * _atom_weights(est, _WithRatio(atoms, log_ratio), mask, old_lr)

@@ -1,0 +1,319 @@
+"""How much staleness is tolerable, and what to do with stale samples: exact, under a lag
+distribution.
+
+Setting: a token MDP (``TokenMDP.answer_correct``, small enough to enumerate) and the
+versions its trainer went through: π_a = softmax(θ − η·Σ ∇J) after a exact gradient steps
+backwards from π (:func:`simkit.envs.stale.stale_policy`, a = 0 … ``max_lag``). A batch mixes
+samples of several ages with a truncated geometric lag distribution (:func:`simkit.envs.versions.
+lag_weights`), whose parameter is swept so that the mean age goes from near 0 to a few
+updates. For each batch the strategies a trainer can take, with token TIS (``tis_token``, C = 2)
+as the correction where there is one:
+
+- ``keep, no IS``: train on every sample as if on-policy (``naive``);
+- ``keep, single-version IS``: correct with the one version the trainer assumes for every
+  sample (the version one update old, a one-step-off pipeline's belief);
+- ``keep, per-version IS``: correct each sample with the version that generated it;
+- ``keep, MIS``: multiple importance sampling across versions (the batch's own next-token
+  law, the balance heuristic);
+- ``drop > m``: verl's ``max_off_policy_strategy="drop"`` (samples older than ``max_age`` m
+  are evicted; per-version IS on the rest), and the same without IS;
+- decoupled PPO (``ppo_clip`` on π/π_old × ``tis_token`` on π_old/μ) on its first mini-batch,
+  with π_old recomputed (π_old = π: the PPO ratio is 1 and the correction carries π/μ), or
+  AReaL's log-linear approximation of it (``prox_logp_method="loglinear"``, α = a/(a + 1)
+  for a token of age a: :func:`simkit.envs.versions.loglinear_alpha`).
+
+Every number is exact (:func:`simkit.experiment.versions.versioned_table`, by enumeration): the
+relative bias ‖E ĝ − ∇J‖/‖∇J‖ and the scale-free error ``rel_mse_scaled`` at batch size n.
+A third panel shows what ``drop`` does to a difficulty-mixed prompt set where slow (hard)
+prompts are old prompts: their share of the trained batch against max_age (exact, from the
+two lag distributions), with ``wait``/keep (share unchanged) for reference. An ensemble of
+random instances (random logits of the same automaton) at one lag distribution gives the
+rankings as fractions.
+
+Data: a tidy DataFrame (one row per strategy × lag parameter, plus the ensemble rows with
+``part == "ensemble"`` and the coverage rows with ``part == "coverage"``);
+``data.attrs["notes"]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from simkit.envs import TokenMDP
+from simkit.envs import versions as V
+from simkit.envs.stale import stale_policy
+from simkit.estimators import Estimator
+from simkit.figures import _claims, _common
+from simkit.figures.staleness_curves import split_figure
+
+NAME = "async_tolerance"
+TITLE = "Asynchronous staleness: drop, keep, or correct with the right version"
+CAPTION = (
+    "a batch mixing policy versions of several ages (truncated geometric lag distribution, "
+    "the versions are exact gradient steps of the environment's own training): exact "
+    "relative gradient bias and scale-free error (rel_mse_scaled, n samples) against the "
+    "mean age, for keeping stale samples without IS, with single-version IS, per-version IS "
+    "or multiple IS across versions, dropping samples older than max_age, and decoupled PPO "
+    "with a recomputed or log-linearly approximated π_old; and the share of slow (hard) "
+    "prompts that drop leaves in the batch. Rankings over an ensemble of random instances "
+    "are in the notes, computed from the data."
+)
+
+#: the correction of every IS strategy (token TIS, C = 2)
+TIS = "tis_token"
+#: a_t = 1: on-policy naive is unbiased (token-mean would scale E ĝ by 1/T)
+AGGREGATION = "seq-mean-token-sum"
+
+
+def strategies(max_age: int) -> dict[str, dict]:
+    """The strategies of the figure (module docstring), keyed by their label."""
+    ppo = {"mapping": "ppo_clip", "correction": TIS, "record": "true"}
+    return {
+        "keep, no IS": {"mapping": "naive", "record": "true"},
+        "keep, single-version IS": {"mapping": TIS, "record": 1},
+        "keep, per-version IS": {"mapping": TIS, "record": "true"},
+        "keep, MIS": {"mapping": TIS, "record": "mixture"},
+        f"drop > {max_age}, per-version IS": {"mapping": TIS, "record": "true", "drop": max_age},
+        f"drop > {max_age}, no IS": {"mapping": "naive", "record": "true", "drop": max_age},
+        "PPO, recomputed π_old": {**ppo, "old": "recomputed"},
+        "PPO, log-linear π_old": {**ppo, "old": "loglinear"},
+    }
+
+
+@dataclass(frozen=True)
+class Config:
+    """Environment, versions, lag grid, batch size, ensemble and prompt-coverage settings."""
+
+    V: int = 3
+    T: int = 5
+    seed: int = 0
+    step_size: float = 2.0
+    max_lag: int = 6
+    p_grid: tuple[float, ...] = (0.9, 0.7, 0.5, 0.4, 0.3, 0.2, 0.1)
+    max_age: int = 2
+    n: int = 64
+    ensemble: int = 20
+    ensemble_p: float = 0.3
+    hard_share: float = 0.5
+    p_easy: float = 0.7
+    p_hard: float = 0.25
+
+    def __post_init__(self):
+        _common.check_token_grid(self.V, T=(self.T,))
+        if self.V**self.T > 4096:
+            raise ValueError(f"V^T = {self.V**self.T} sequences: too many for this figure")
+        if not self.step_size > 0:
+            raise ValueError(f"step_size must be > 0, got {self.step_size}")
+        if self.max_lag < 2 or not 1 <= self.max_age < self.max_lag:
+            raise ValueError(
+                f"need max_lag >= 2 and 1 <= max_age < max_lag, got max_lag={self.max_lag}, "
+                f"max_age={self.max_age}"
+            )
+        for name in ("p_easy", "p_hard", "ensemble_p"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
+        if not self.p_grid or any(not 0 < p <= 1 for p in self.p_grid):
+            raise ValueError(f"p_grid must be probabilities in (0, 1], got {self.p_grid}")
+        if self.n < 1 or self.ensemble < 2 or not 0 < self.hard_share < 1:
+            raise ValueError("need n >= 1, ensemble >= 2 and 0 < hard_share < 1")
+
+
+def config(small: bool = False) -> Config:
+    if small:
+        return Config(T=3, max_lag=3, p_grid=(0.8, 0.4), ensemble=3)
+    return Config()
+
+
+def _env(cfg: Config, seed: int) -> TokenMDP:
+    return TokenMDP.answer_correct(cfg.V, cfg.T, seed=seed, stationary=False)
+
+
+def _versions(env, cfg: Config) -> list:
+    return [env.pi] + [stale_policy(env, a, cfg.step_size) for a in range(1, cfg.max_lag + 1)]
+
+
+def _rows(env, versions, cfg: Config, p: float, setting: dict) -> list[dict]:
+    from simkit.experiment.versions import mixture_divergences, versioned_metrics
+
+    beh = V.mixture(env, versions, V.lag_weights("geometric", cfg.max_lag, p=p))
+    grad_norm = float(np.linalg.norm(env.grad_J()))
+    div = mixture_divergences(env, beh)
+    rows = []
+    for label, s in strategies(cfg.max_age).items():
+        b = V.drop_stale(beh, s["drop"]) if "drop" in s else beh
+        est = Estimator(s["mapping"], AGGREGATION, correction=s.get("correction"), name=label)
+        old = s.get("old")
+        kwargs = {"record": s["record"]}
+        if old == "recomputed":  # the first mini-batch: π_old is the weights π itself
+            kwargs["old"] = versions[0]
+        elif old == "loglinear":  # α = a/(a + 1) (AReaL's version counter)
+            kwargs.update(old="loglinear", proximal_age=0, theta_lead=1)
+        m = versioned_metrics(env, b, est, cfg.n, **kwargs)
+        rows.append(
+            {
+                "strategy": label,
+                "p": p,
+                "mean_age": beh.mean_age(),
+                "mean_age_trained": b.mean_age(),
+                "wasted": b.wasted,
+                "rel_bias": m["bias"] / grad_norm,
+                "bias": m["bias"],
+                "variance": m["variance"],
+                "rel_mse_scaled": m["rel_mse_scaled"],
+                "cosine": m["cosine"],
+                "chi2_seq_mix": div["chi2_seq"],
+                "chi2_seq_versions": div["chi2_seq_versions"],
+                "n": cfg.n,
+                **setting,
+            }
+        )
+    return rows
+
+
+def coverage(cfg: Config) -> pd.DataFrame:
+    """Share of hard prompts in the trained batch against max_age: ``drop`` (exact, from the
+    two lag distributions) and ``wait``/keep (unchanged), with the wasted / waited fraction."""
+    ages = np.arange(cfg.max_lag + 1)
+    easy = V.lag_weights("geometric", cfg.max_lag, p=cfg.p_easy)
+    hard = V.lag_weights("geometric", cfg.max_lag, p=cfg.p_hard)
+    f = cfg.hard_share
+    rows = []
+    for m in ages:
+        ke, kh = easy[: m + 1].sum(), hard[: m + 1].sum()
+        kept = f * kh + (1 - f) * ke
+        rows.append(
+            {"max_age": int(m), "strategy": "drop", "hard_share": f * kh / kept, "lost": 1 - kept}
+        )
+        rows.append({"max_age": int(m), "strategy": "wait", "hard_share": f, "lost": 1 - kept})
+    return pd.DataFrame(rows)
+
+
+def compute(cfg: Config) -> pd.DataFrame:
+    env = _env(cfg, cfg.seed)
+    versions = _versions(env, cfg)
+    rows = []
+    for p in cfg.p_grid:
+        rows += _rows(env, versions, cfg, p, {"part": "curves", "instance": cfg.seed})
+    for k in range(cfg.ensemble):
+        e = _env(cfg, cfg.seed + 1 + k)
+        rows += _rows(
+            e, _versions(e, cfg), cfg, cfg.ensemble_p, {"part": "ensemble", "instance": k}
+        )
+    data = pd.DataFrame(rows)
+    cov = coverage(cfg).assign(part="coverage")
+    data = pd.concat([data, cov], ignore_index=True)
+    data.attrs["notes"] = notes(data, cfg)
+    return data
+
+
+def _fraction(k: int, n: int) -> str:
+    se = np.sqrt(k / n * (1 - k / n) / n)
+    return f"{k}/{n} (SE {se:.2f})"
+
+
+def ranking(data: pd.DataFrame, a: str, b: str, metric: str = "rel_mse_scaled") -> tuple:
+    """(k, n): in how many ensemble instances strategy ``a`` has a smaller ``metric`` than
+    ``b`` (ties, within 1e-12 relative, count for neither)."""
+    ens = data[data.part == "ensemble"].pivot(index="instance", columns="strategy", values=metric)
+    x, y = ens[a].to_numpy(), ens[b].to_numpy()
+    wins = int(np.sum(x < y * (1 - 1e-12)))
+    return wins, len(x)
+
+
+def notes(data: pd.DataFrame, cfg: Config) -> tuple[str, ...]:
+    """The sentences under the figure, each built from ``data``."""
+    cur = data[data.part == "curves"]
+    drop = next(s for s in cur.strategy.unique() if s.startswith("drop") and "per-version" in s)
+    ages = cur.mean_age.unique()
+    lines = [
+        f"Setting: TokenMDP.answer_correct V = {cfg.V}, T = {cfg.T}; versions π_a after a exact "
+        f"backward gradient steps of size {cfg.step_size:g} (a ≤ {cfg.max_lag}); truncated "
+        f"geometric lags with mean age {ages.min():.2f} to {ages.max():.2f} (χ²_seq of the "
+        f"mixture {cur.chi2_seq_mix.min():.3g} to {cur.chi2_seq_mix.max():.3g}); n = "
+        f"{cfg.n}; exact (every sequence enumerated); correction tis_token (C = 2)."
+    ]
+    last = cur[cur.p == cur.p.min()].set_index("strategy")
+    order = last.rel_bias.sort_values()
+    lines.append(
+        f"At mean age {last.mean_age.iloc[0]:.2f}, relative bias: "
+        + ", ".join(f"{s} {_claims.fmt(v)}" for s, v in order.items())
+        + f"; {drop} wastes {last.loc[drop, 'wasted']:.0%} of the generated samples."
+    )
+    pairs = [
+        ("keep, per-version IS", "keep, single-version IS"),
+        ("keep, MIS", "keep, per-version IS"),
+        (drop, "keep, per-version IS"),
+        ("PPO, log-linear π_old", "PPO, recomputed π_old"),
+    ]
+    ens = data[data.part == "ensemble"]
+    n_inst = ens.instance.nunique()
+    age = ens.mean_age.iloc[0]
+    parts = []
+    for a, b in pairs:
+        k, n = ranking(data, a, b)
+        parts.append(f"{a} < {b} in {_fraction(k, n)}")
+    lines.append(
+        f"Ensemble of {n_inst} random instances at mean age {age:.2f}, scale-free error "
+        "(rel_mse_scaled) smaller: " + "; ".join(parts) + "."
+    )
+    gap = (
+        ens.pivot(index="instance", columns="strategy", values="rel_bias")
+        .eval("`PPO, log-linear π_old` - `PPO, recomputed π_old`")
+        .to_numpy()
+    )
+    lines.append(
+        "Log-linear π_old minus recomputed π_old, relative bias: mean "
+        f"{gap.mean():+.3g} ± {gap.std(ddof=1) / np.sqrt(gap.size):.2g} (SE over instances)."
+    )
+    cov = data[(data.part == "coverage") & (data.strategy == "drop")].set_index("max_age")
+    m = cfg.max_age
+    lines.append(
+        f"Prompt coverage: with {cfg.hard_share:.0%} hard prompts (geometric lag p = "
+        f"{cfg.p_hard:g}) and easy ones (p = {cfg.p_easy:g}), drop at max_age {m} leaves "
+        f"{cov.loc[m, 'hard_share']:.0%} hard prompts in the batch and loses "
+        f"{cov.loc[m, 'lost']:.0%} of the generated samples; wait keeps the share at "
+        f"{cfg.hard_share:.0%} and waits for the same fraction."
+    )
+    return tuple(lines)
+
+
+def draw(data: pd.DataFrame):
+    fig, sub = split_figure(7.4, 2.7, data.attrs.get("notes", ()))
+    axes = sub.subplots(1, 3)
+    cur = data[data.part == "curves"]
+    colors = dict(zip(cur.strategy.unique(), [f"C{i}" for i in range(10)], strict=False))
+    for metric, ax, label in (
+        ("rel_bias", axes[0], r"relative bias $\|\mathbb{E}\hat g-\nabla J\|/\|\nabla J\|$"),
+        ("rel_mse_scaled", axes[1], "scale-free error rel_mse_scaled"),
+    ):
+        for k, (name, part) in enumerate(cur.groupby("strategy", sort=False)):
+            part = part.sort_values("mean_age")
+            ax.plot(
+                part.mean_age,
+                _common.finite_positive(part[metric]),
+                marker="os^vD<>p"[k % 8],
+                markersize=3,
+                linewidth=1.1,
+                linestyle="--" if name.startswith("drop") else "-",
+                color=colors[name],
+                label=name,
+            )
+        ax.set_yscale("log")
+        ax.set_xlabel("mean age of a sample (updates)")
+        ax.set_ylabel(label, fontsize=7)
+    axes[0].legend(fontsize=5, loc="lower right")
+    cov = data[data.part == "coverage"]
+    ax = axes[2]
+    for name, part in cov.groupby("strategy", sort=False):
+        ax.plot(part.max_age, part.hard_share, marker="o", markersize=3, label=name)
+    ax.set_xlabel("max_age (updates)")
+    ax.set_ylabel("share of hard prompts trained", fontsize=7)
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=6)
+    for ax, letter in zip(axes, "abc", strict=True):
+        _common.panel_label(ax, letter)
+    sub.suptitle(TITLE, fontsize=9)
+    return fig
