@@ -16,7 +16,8 @@ as the correction where there is one:
 - ``keep, MIS``: multiple importance sampling across versions (the batch's own next-token
   law, the balance heuristic);
 - ``drop > m``: verl's ``max_off_policy_strategy="drop"`` (samples older than ``max_age`` m
-  are evicted; per-version IS on the rest), and the same without IS;
+  are evicted; per-version IS on the rest), and the same without IS; ``wait ≤ m``: verl's
+  ``wait`` (the samples that would be older are trained at age m; per-version IS);
 - decoupled PPO (``ppo_clip`` on π/π_old × ``tis_token`` on π_old/μ) on its first mini-batch,
   with π_old recomputed (π_old = π: the PPO ratio is 1 and the correction carries π/μ), or
   AReaL's log-linear approximation of it (``prox_logp_method="loglinear"``, α = a/(a + 1)
@@ -78,6 +79,7 @@ def strategies(max_age: int) -> dict[str, dict]:
         "keep, MIS": {"mapping": TIS, "record": "mixture"},
         f"drop > {max_age}, per-version IS": {"mapping": TIS, "record": "true", "drop": max_age},
         f"drop > {max_age}, no IS": {"mapping": "naive", "record": "true", "drop": max_age},
+        f"wait ≤ {max_age}, per-version IS": {"mapping": TIS, "record": "true", "wait": max_age},
         "PPO, recomputed π_old": {**ppo, "old": "recomputed"},
         "PPO, log-linear π_old": {**ppo, "old": "loglinear"},
     }
@@ -143,7 +145,11 @@ def _rows(env, versions, cfg: Config, p: float, setting: dict) -> list[dict]:
     div = mixture_divergences(env, beh)
     rows = []
     for label, s in strategies(cfg.max_age).items():
-        b = V.drop_stale(beh, s["drop"]) if "drop" in s else beh
+        b = beh
+        if "drop" in s:
+            b = V.drop_stale(beh, s["drop"])
+        elif "wait" in s:
+            b = V.wait_stale(beh, s["wait"])
         est = Estimator(s["mapping"], AGGREGATION, correction=s.get("correction"), name=label)
         old = s.get("old")
         kwargs = {"record": s["record"]}
@@ -159,6 +165,7 @@ def _rows(env, versions, cfg: Config, p: float, setting: dict) -> list[dict]:
                 "mean_age": beh.mean_age(),
                 "mean_age_trained": b.mean_age(),
                 "wasted": b.wasted,
+                "waited": b.waited,
                 "rel_bias": m["bias"] / grad_norm,
                 "bias": m["bias"],
                 "variance": m["variance"],
@@ -268,6 +275,17 @@ def notes(data: pd.DataFrame, cfg: Config) -> tuple[str, ...]:
         "Log-linear π_old minus recomputed π_old, relative bias: mean "
         f"{gap.mean():+.3g} ± {gap.std(ddof=1) / np.sqrt(gap.size):.2g} (SE over instances)."
     )
+    same = (
+        cur.pivot(index="p", columns="strategy", values="rel_bias")
+        .eval("`PPO, recomputed π_old` - `keep, per-version IS`")
+        .abs()
+        .max()
+    )
+    lines.append(
+        "Decoupled PPO with the recomputed π_old (= π on the first mini-batch: the PPO ratio "
+        f"is 1) differs from keep, per-version IS by at most {same:.1g} in relative bias; the "
+        "log-linear π_old interpolates the ratio to (π/μ)^(1/(a+1)) for a token of age a."
+    )
     cov = data[(data.part == "coverage") & (data.strategy == "drop")].set_index("max_age")
     m = cfg.max_age
     lines.append(
@@ -281,7 +299,7 @@ def notes(data: pd.DataFrame, cfg: Config) -> tuple[str, ...]:
 
 
 def draw(data: pd.DataFrame):
-    fig, sub = split_figure(7.4, 2.7, data.attrs.get("notes", ()))
+    fig, sub = split_figure(7.4, 3.1, data.attrs.get("notes", ()))
     axes = sub.subplots(1, 3)
     cur = data[data.part == "curves"]
     colors = dict(zip(cur.strategy.unique(), [f"C{i}" for i in range(10)], strict=False))
@@ -304,7 +322,8 @@ def draw(data: pd.DataFrame):
         ax.set_yscale("log")
         ax.set_xlabel("mean age of a sample (updates)")
         ax.set_ylabel(label, fontsize=7)
-    axes[0].legend(fontsize=5, loc="lower right")
+    handles, labels = axes[0].get_legend_handles_labels()
+    sub.legend(handles, labels, loc="outside lower center", ncol=5, fontsize=5.2)
     cov = data[data.part == "coverage"]
     ax = axes[2]
     for name, part in cov.groupby("strategy", sort=False):
