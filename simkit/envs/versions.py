@@ -343,15 +343,18 @@ def drop_stale(behaviour: VersionedBehaviour, max_age: int) -> VersionedBehaviou
 
 def wait_stale(behaviour: VersionedBehaviour, max_age: int) -> VersionedBehaviour:
     """The batch after ``wait``: a sample that would be older than ``max_age`` is trained at
-    age ``max_age`` (the trainer waited for it), so each whole-sequence component older than
-    ``max_age`` is replaced by the version of age ``max_age`` (which must exist); ``waited`` =
+    the oldest age ≤ ``max_age`` that has a version (the trainer waited for it), so each
+    whole-sequence component older than ``max_age`` is replaced by that version; ``waited`` =
     the moved mass. Segmented components (several versions) are refused: waiting changes
     their switch points. The identity when ``max_age`` ≥ every component's age."""
     max_age = int_at_least(max_age, "max_age", 0)
     ages = behaviour.component_ages()
     if (ages <= max_age).all():
         return behaviour
-    target = behaviour.version_of_age(max_age)
+    allowed = [a for a in behaviour.ages if a <= max_age]
+    if not allowed:
+        raise ValueError(f"max_age = {max_age}: no version is that young (ages {behaviour.ages})")
+    target = behaviour.version_of_age(max(allowed))
     comps, moved = [], 0.0
     for c, a in zip(behaviour.components, ages, strict=True):
         if a <= max_age:
