@@ -73,6 +73,23 @@ def test_notes_follow_the_data(small):
     assert notes[1].startswith(f"At mean age {last.mean_age.iloc[0]:.2f}, relative bias: {first}")
 
 
+def test_training_runs_and_their_note(small):
+    cfg, data = small
+    runs = data[data.part == "training"]
+    assert len(runs) == len(A.train_recipes(cfg)) * cfg.train_seeds
+    sync = runs[runs.strategy.str.startswith("synchronous")]
+    assert (sync.dropped_frac == 0).all() and (sync.waited_frac == 0).all()
+    assert (runs[runs.strategy.str.startswith("wait")].dropped_frac == 0).all()
+    note = A.training_note(data, cfg)
+    # perturbed: one recipe far ahead of every other becomes the untied best
+    out = data.copy()
+    sel = (out.part == "training") & (out.strategy == f"drop > {cfg.train_max_off}, no IS")
+    out.loc[sel, "J_final"] = 10.0 + out.loc[sel, "seed"] * 1e-3
+    changed = A.training_note(out, cfg)
+    assert f"Best: drop > {cfg.train_max_off}, no IS, no tie within 2 SE" in changed
+    assert changed != note
+
+
 def test_config_checks_and_draw(small):
     with pytest.raises(ValueError, match="max_age"):
         A.Config(max_age=7)

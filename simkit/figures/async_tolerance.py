@@ -29,11 +29,16 @@ A third panel shows what ``drop`` does to a difficulty-mixed prompt set where sl
 prompts are old prompts: their share of the trained batch against max_age (exact, from the
 two lag distributions), with ``wait``/keep (share unchanged) for reference. An ensemble of
 random instances (random logits of the same automaton) at one lag distribution gives the
-rankings as fractions.
+rankings as fractions. A fourth panel trains (:func:`simkit.train.train`, asynchronous
+``TrainConfig``: a geometric lag over rollouts, ``max_off_policy`` drop / wait) on a
+difficulty-mixed prompt set and shows the final J ± SE over seeds of synchronous, keep, drop
+and wait, with and without token TIS (its notes name the best and the recipes tied with it
+within 2 SE). In the simulator each row keeps its prompt when it is redrawn, so the coverage
+effect of panel (c) is not in the training runs.
 
 Data: a tidy DataFrame (one row per strategy × lag parameter, plus the ensemble rows with
-``part == "ensemble"`` and the coverage rows with ``part == "coverage"``);
-``data.attrs["notes"]``.
+``part == "ensemble"``, the coverage rows with ``part == "coverage"`` and one row per training
+run with ``part == "training"``); ``data.attrs["notes"]``.
 """
 
 from __future__ import annotations
@@ -58,9 +63,10 @@ CAPTION = (
     "relative gradient bias and scale-free error (rel_mse_scaled, n samples) against the "
     "mean age, for keeping stale samples without IS, with single-version IS, per-version IS "
     "or multiple IS across versions, dropping samples older than max_age, and decoupled PPO "
-    "with a recomputed or log-linearly approximated π_old; and the share of slow (hard) "
-    "prompts that drop leaves in the batch. Rankings over an ensemble of random instances "
-    "are in the notes, computed from the data."
+    "with a recomputed or log-linearly approximated π_old; the share of slow (hard) prompts "
+    "that drop leaves in the batch; and the final J of training runs that keep, drop or wait "
+    "for stale samples (mean ± SE over seeds). Rankings over an ensemble of random instances "
+    "and the training ordering are in the notes, computed from the data."
 )
 
 #: the correction of every IS strategy (token TIS, C = 2)
@@ -102,6 +108,14 @@ class Config:
     hard_share: float = 0.5
     p_easy: float = 0.7
     p_hard: float = 0.25
+    train_steps: int = 40
+    train_seeds: int = 8
+    train_batch: int = 48
+    train_N: int = 4
+    train_lr: float = 0.3
+    train_lag_max: int = 4
+    train_lag_p: float = 0.3
+    train_max_off: int = 4
 
     def __post_init__(self):
         _common.check_token_grid(self.V, T=(self.T,))
@@ -121,11 +135,24 @@ class Config:
             raise ValueError(f"p_grid must be probabilities in (0, 1], got {self.p_grid}")
         if self.n < 1 or self.ensemble < 2 or not 0 < self.hard_share < 1:
             raise ValueError("need n >= 1, ensemble >= 2 and 0 < hard_share < 1")
+        if self.train_seeds < 2 or self.train_steps < 2 or self.train_lag_max < 1:
+            raise ValueError("need train_seeds >= 2, train_steps >= 2 and train_lag_max >= 1")
 
 
 def config(small: bool = False) -> Config:
     if small:
-        return Config(T=3, max_lag=3, p_grid=(0.8, 0.4), ensemble=3)
+        return Config(
+            T=3,
+            max_lag=3,
+            p_grid=(0.8, 0.4),
+            ensemble=3,
+            train_steps=4,
+            train_seeds=2,
+            train_batch=16,
+            train_N=2,
+            train_lag_max=2,
+            train_max_off=2,
+        )
     return Config()
 
 
@@ -198,6 +225,65 @@ def coverage(cfg: Config) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+#: training recipes: label -> (mapping, TrainConfig keyword arguments beyond the lag law)
+def train_recipes(cfg: Config) -> dict[str, tuple[str, dict]]:
+    """The training runs of the figure: synchronous (no lag), keep, drop and wait, each with
+    token TIS (per-token versions: log μ of the generating version) and without IS."""
+    lag = {
+        "lag_distribution": "geometric",
+        "lag_rollouts_max": cfg.train_lag_max,
+        "lag_p": cfg.train_lag_p,
+    }
+    m = cfg.train_max_off
+    out = {}
+    for mapping, suffix in ((TIS, "per-version IS"), ("naive", "no IS")):
+        out[f"synchronous, {suffix}"] = (mapping, {})
+        out[f"keep, {suffix}"] = (mapping, lag)
+        out[f"drop > {m}, {suffix}"] = (mapping, {**lag, "max_off_policy": m})
+        out[f"wait ≤ {m}, {suffix}"] = (
+            mapping,
+            {**lag, "max_off_policy": m, "off_policy_strategy": "wait"},
+        )
+    return out
+
+
+def training(cfg: Config) -> pd.DataFrame:
+    """Final J of each training recipe (:func:`train_recipes`) per seed on a difficulty-mixed
+    prompt set (``difficulty_prompts``: at_least_k with k = 1, 3, 5), GRPO (G = 4), N
+    mini-batches, with the samples dropped / waited for."""
+    from simkit.train import TrainConfig, train
+    from simkit.train.worlds import difficulty_prompts
+
+    env = difficulty_prompts(4, 6, ks=(1, 3, 5), seed=cfg.seed)
+    rows = []
+    for label, (mapping, kwargs) in train_recipes(cfg).items():
+        est = Estimator(mapping, advantage="grpo", group_size=4)
+        tc = TrainConfig(
+            est,
+            steps=cfg.train_steps,
+            batch=cfg.train_batch,
+            minibatches=cfg.train_N,
+            lr=cfg.train_lr,
+            record_every=cfg.train_steps,
+            **kwargs,
+        )
+        for seed in range(cfg.train_seeds):
+            table = train(env, tc, seed=seed)
+            generated = tc.rollouts * tc.batch + int(table.dropped.sum())
+            rows.append(
+                {
+                    "strategy": label,
+                    "seed": seed,
+                    "J_final": float(table.J.iloc[-1]),
+                    "J_start": float(table.J.iloc[0]),
+                    "dropped_frac": float(table.dropped.sum()) / generated,
+                    "waited_frac": float(table.waited.sum()) / (tc.rollouts * tc.batch),
+                    "age_mean": float(table.policy_age_mean.mean()),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
 def compute(cfg: Config) -> pd.DataFrame:
     env = _env(cfg, cfg.seed)
     versions = _versions(env, cfg)
@@ -211,7 +297,8 @@ def compute(cfg: Config) -> pd.DataFrame:
         )
     data = pd.DataFrame(rows)
     cov = coverage(cfg).assign(part="coverage")
-    data = pd.concat([data, cov], ignore_index=True)
+    runs = training(cfg).assign(part="training")
+    data = pd.concat([data, cov, runs], ignore_index=True)
     data.attrs["notes"] = notes(data, cfg)
     return data
 
@@ -295,12 +382,39 @@ def notes(data: pd.DataFrame, cfg: Config) -> tuple[str, ...]:
         f"{cov.loc[m, 'lost']:.0%} of the generated samples; wait keeps the share at "
         f"{cfg.hard_share:.0%} and waits for the same fraction."
     )
+    lines.append(training_note(data, cfg))
     return tuple(lines)
 
 
+def training_note(data: pd.DataFrame, cfg: Config) -> str:
+    """Final J ± SE over seeds of every training recipe, best first, with the ties (within 2
+    SE of the best) named, and the fraction of generated samples drop threw away."""
+    runs = data[data.part == "training"]
+    stats = runs.groupby("strategy", sort=False).J_final.agg(["mean", "std", "count"])
+    stats["se"] = stats["std"] / np.sqrt(stats["count"])
+    stats = stats.sort_values("mean", ascending=False)
+    best = stats.index[0]
+    tied = [
+        s
+        for s in stats.index[1:]
+        if stats.loc[best, "mean"] - stats.loc[s, "mean"]
+        <= 2 * np.hypot(stats.loc[best, "se"], stats.loc[s, "se"])
+    ]
+    dropped = runs[runs.strategy.str.startswith("drop")].dropped_frac.mean()
+    text = (
+        f"Training (difficulty_prompts k = 1, 3, 5; GRPO G = 4, N = {cfg.train_N}, lr "
+        f"{cfg.train_lr:g}, {cfg.train_steps} steps, geometric lag up to {cfg.train_lag_max} "
+        f"rollouts p = {cfg.train_lag_p:g}; {int(stats['count'].iloc[0])} seeds), final J ± SE: "
+        + ", ".join(f"{s} {r['mean']:.3f} ± {r['se']:.3f}" for s, r in stats.iterrows())
+        + f". Best: {best}"
+    )
+    text += f", tied within 2 SE with {_claims.name_list(tied)}" if tied else ", no tie within 2 SE"
+    return text + f"; drop threw away {dropped:.0%} of the generated samples."
+
+
 def draw(data: pd.DataFrame):
-    fig, sub = split_figure(7.4, 3.1, data.attrs.get("notes", ()))
-    axes = sub.subplots(1, 3)
+    fig, sub = split_figure(7.4, 5.6, data.attrs.get("notes", ()))
+    axes = sub.subplots(2, 2).ravel()
     cur = data[data.part == "curves"]
     colors = dict(zip(cur.strategy.unique(), [f"C{i}" for i in range(10)], strict=False))
     for metric, ax, label in (
@@ -332,7 +446,23 @@ def draw(data: pd.DataFrame):
     ax.set_ylabel("share of hard prompts trained", fontsize=7)
     ax.set_ylim(0, 1)
     ax.legend(fontsize=6)
-    for ax, letter in zip(axes, "abc", strict=True):
+    runs = data[data.part == "training"]
+    stats = runs.groupby("strategy", sort=False).J_final.agg(["mean", "std", "count"])
+    ax = axes[3]
+    y = np.arange(len(stats))
+    ax.errorbar(
+        stats["mean"],
+        y,
+        xerr=stats["std"] / np.sqrt(stats["count"]),
+        fmt="o",
+        markersize=3,
+        capsize=2,
+        color="C0",
+    )
+    ax.set_yticks(y, stats.index, fontsize=5.5)
+    ax.invert_yaxis()
+    ax.set_xlabel("final J (mean ± SE over seeds)")
+    for ax, letter in zip(axes, "abcd", strict=True):
         _common.panel_label(ax, letter)
     sub.suptitle(TITLE, fontsize=9)
     return fig
