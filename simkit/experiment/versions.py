@@ -18,6 +18,10 @@ for whole-sequence components: per-version IS), the start version, one assumed a
 mixture's next-token law (multiple importance sampling across versions, balance heuristic:
 Π_t r_t = Σ_c w_c q_c(y)).
 
+Batch-dependent estimators (group advantages, self-normalised or PSIS weights) have no exact
+moments: :func:`versioned_monte_carlo` draws batches from the behaviour
+(:func:`sample_versioned`) and gives the Monte Carlo metrics with bootstrap bounds.
+
 Composed estimators (a ``correction``) take π_old = ``old``: a table (the recomputed π_old),
 a :class:`simkit.legs.LogLinearOld` (one α), or ``"loglinear"``: AReaL's α per token from the
 versions (:func:`simkit.envs.versions.loglinear_alpha`, the behaviour version the one
@@ -48,7 +52,14 @@ from simkit.experiment.exact import (
 from simkit.experiment.metrics import effective_sample_size, kept_fractions
 from simkit.experiment.plan import plan
 
-__all__ = ["mixture_divergences", "versioned_metrics", "versioned_moments", "versioned_table"]
+__all__ = [
+    "mixture_divergences",
+    "sample_versioned",
+    "versioned_metrics",
+    "versioned_moments",
+    "versioned_monte_carlo",
+    "versioned_table",
+]
 
 
 def _baseline(env, behaviour: VersionedBehaviour, est) -> float:
@@ -252,3 +263,78 @@ def versioned_table(env, behaviour, estimators, n: int, setting: dict | None = N
         )
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+class _Draws:
+    """``reps`` batches of ``n`` samples from a versioned behaviour, shaped like a
+    :class:`~simkit.envs.token_sampling.TokenBatch` for
+    :func:`~simkit.experiment.monte_carlo.sample_gradients` (``log_ratio`` against the
+    recorded behaviour)."""
+
+    def __init__(self, actions, mask, states, rewards, log_ratio, J, J_mu):
+        self.actions, self.mask, self.states = actions, mask, states
+        self.rewards, self.log_ratio, self.J, self.J_mu = rewards, log_ratio, J, J_mu
+
+
+def sample_versioned(env, behaviour: VersionedBehaviour, n: int, reps: int, rng, record="true"):
+    """``reps`` batches of ``n`` samples: each sample's component drawn with the behaviour's
+    weights, then its tokens from the component's table; returns (draws, old-ratio context)
+    where ``draws.log_ratio`` = log π − log r with r the ``record``-ed behaviour, and the
+    per-sample component (reps, n)."""
+    check_record(record)
+    tables = [behaviour.table(c) for c in range(len(behaviour.components))]
+    comp = rng.choice(len(tables), size=(reps, n), p=behaviour.weights)
+    T = env.T
+    actions = np.zeros((reps, n, T), dtype=np.int32)
+    states = np.zeros((reps, n, T), dtype=np.int32)
+    mask = np.zeros((reps, n, T), dtype=bool)
+    rewards = np.zeros((reps, n))
+    log_ratio = np.zeros((reps, n, T))
+    for c in np.unique(comp):
+        sel = comp == c
+        b = env.sample(tables[c], int(sel.sum()), rng)
+        actions[sel], states[sel], mask[sel], rewards[sel] = b.actions, b.states, b.mask, b.rewards
+        if record == "true":
+            log_ratio[sel] = b.log_ratio
+            continue
+        view = _Draws(b.actions, b.mask, b.states, None, None, None, None)
+        rec = _recorded(env, behaviour, record, int(c), view, tables)
+        lp_pi = _token_log_probs(env, env.pi, view)
+        with np.errstate(invalid="ignore"):
+            log_ratio[sel] = np.where(b.mask, lp_pi - rec, 0.0)
+    draws = _Draws(actions, mask, states, rewards, log_ratio, env.J(), behaviour.J(env))
+    return draws, comp
+
+
+def versioned_monte_carlo(
+    env,
+    behaviour: VersionedBehaviour,
+    estimator,
+    n: int,
+    reps: int = 1000,
+    seed: int = 0,
+    record="true",
+    level: float = 0.95,
+    n_boot: int = 1000,
+) -> dict[str, float]:
+    """Monte Carlo metrics with bootstrap bounds (:func:`~simkit.experiment.monte_carlo.
+    monte_carlo_metrics`) of any estimator — batch-dependent ones included (group
+    advantages, self-normalised or PSIS weights) — on ``reps`` batches of ``n`` samples from
+    ``behaviour`` (:func:`sample_versioned`), ``record`` as in :func:`versioned_moments`.
+    Randomness from ``SeedSequence(seed)``: the draws, the estimator's own randomness and
+    the bootstrap from three children."""
+    from simkit.experiment.monte_carlo import (
+        bootstrap_weights,
+        monte_carlo_metrics,
+        sample_gradients,
+    )
+
+    est = as_estimator(estimator)
+    if not isinstance(behaviour, VersionedBehaviour):
+        raise ValueError(f"behaviour must be a VersionedBehaviour, got {type(behaviour).__name__}")
+    est.check_batch_size(n)
+    s_draw, s_coef, s_boot = np.random.SeedSequence(seed).spawn(3)
+    draws, _ = sample_versioned(env, behaviour, n, reps, np.random.default_rng(s_draw), record)
+    g = sample_gradients(env, draws, est, None, np.random.default_rng(s_coef))
+    boot = bootstrap_weights(reps, n_boot, np.random.default_rng(s_boot))
+    return monte_carlo_metrics(g, env.grad_J(), n, boot, level)
