@@ -16,7 +16,8 @@ the batch's J(μ) = Σ_c w_c J(q_c). The coefficients c_t see the log-ratio
 :data:`simkit.envs.versions.RECORDS`): the true per-token version (per-token version ratios;
 for whole-sequence components: per-version IS), the start version, one assumed age, or the
 mixture's next-token law (multiple importance sampling across versions, balance heuristic:
-Π_t r_t = Σ_c w_c q_c(y)).
+Π_t r_t = Σ_c w_c q_c(y)). Exact by enumeration of the support; with ``record="true"`` (every
+component its own table) also at any T by the token-MDP moment DP of each component, summed.
 
 Batch-dependent estimators (group advantages, self-normalised or PSIS weights) have no exact
 moments: :func:`versioned_monte_carlo` draws batches from the behaviour
@@ -25,8 +26,7 @@ moments: :func:`versioned_monte_carlo` draws batches from the behaviour
 Composed estimators (a ``correction``) take π_old = ``old``: a table (the recomputed π_old),
 a :class:`simkit.legs.LogLinearOld` (one α), or ``"loglinear"``: AReaL's α per token from the
 versions (:func:`simkit.envs.versions.loglinear_alpha`, the behaviour version the one
-recorded). Exact by enumeration of the support (every
-sequence of the environment, within its enumeration budget).
+recorded): by enumeration only.
 
 With one component of one version and ``record="true"`` every number equals
 :func:`simkit.experiment.exact_moments`'s bit for bit (the same operations on the same atoms).
@@ -126,6 +126,7 @@ def versioned_moments(
     proximal_age: int = 0,
     theta_lead: int = 1,
     params: str = "untied",
+    method: str = "auto",
 ) -> ExactMoments:
     """E ĝ, Var ĝ, ESS and kept fractions of an n-sample per-sample estimator under
     ``behaviour`` (module docstring), exact by enumeration.
@@ -135,7 +136,11 @@ def versioned_moments(
     estimator (a table, :class:`~simkit.legs.LogLinearOld`, or ``"loglinear"`` with α per
     token from the recorded versions, ``proximal_age`` and ``theta_lead``:
     :func:`~simkit.envs.versions.loglinear_alpha`); ``params`` as in
-    :func:`~simkit.experiment.exact_moments`.
+    :func:`~simkit.experiment.exact_moments`. ``method``: ``"enumeration"`` (every sequence),
+    ``"dp"`` (each component's moments by the token-MDP moment DP of
+    :mod:`simkit.envs.token_moments` — any T — summed with the weights; for ``record="true"``,
+    untied parameters, an estimator the planner gives a DP, and π_old a table or None; kept
+    fractions NaN) or ``"auto"`` (enumeration within the budget, else the DP).
     """
     est = as_estimator(estimator)
     params = check_params(params)
@@ -147,14 +152,20 @@ def versioned_moments(
         kind = "is not per-sample" if not est.per_sample else "has no exact path"
         raise ValueError(f"estimator {est.name!r} {kind}: {how.why_mc}")
     est.check_batch_size(n)
+    if method not in ("auto", "enumeration", "dp"):
+        raise ValueError(f"method must be 'auto', 'enumeration' or 'dp', got {method!r}")
     enumerable = getattr(env, "enumerable", None)
-    if enumerable is not None and not enumerable():
-        raise ValueError(
-            f"the environment has {env.n_sequences} sequences, beyond the enumeration budget: "
-            "versioned moments are exact by enumeration only"
-        )
+    beyond = enumerable is not None and not enumerable()
     b = _baseline(env, behaviour, est)
     tables = [behaviour.table(c) for c in range(len(behaviour.components))]
+    if method == "dp" or (method == "auto" and beyond):
+        why = _why_no_dp(env, est, record, old, params)
+        if why:
+            raise ValueError(
+                f"estimator {est.name!r}: no versioned moment DP ({why})"
+                + (f"; the environment has {env.n_sequences} sequences" if beyond else "")
+            )
+        return _dp_versioned(env, behaviour, est, n, b, tables, old)
     first = None
     second = 0.0
     probs, cs, masks, lengths = [], [], [], []
@@ -202,6 +213,54 @@ def versioned_moments(
     ess = ess / mean_length if mean_length > 0 else 0.0
     kept = kept_fractions(coefs, mask_all, prob)
     return ExactMoments(mean=first, variance=var_one / n, ess=ess, **kept)
+
+
+def _why_no_dp(env, est, record, old, params) -> str:
+    from simkit.envs.token_moments import composed_dp_applies, dp_applies
+
+    if record != "true":
+        return f"record={record!r} is not a per-component table (only 'true' is)"
+    if isinstance(old, legs.LogLinearOld | str):
+        return "the log-linear π_old has no table"
+    if params != "untied":
+        return "tied parameters"
+    if est.correction is None:
+        return dp_applies(env, est.mapping, est.aggregation)
+    return composed_dp_applies(
+        env, est.mapping, est.correction, est.mode, est.aggregation, est.denominator
+    )
+
+
+def _dp_versioned(env, behaviour, est, n, b, tables, old) -> ExactMoments:
+    """Σ_c w_c of the per-component moment DPs (mean, E‖h‖², ESS sums) at the common b."""
+    from simkit.envs.token_moments import composed_moments, moments
+
+    mean, second, abs_sum, sq_sum, length = None, 0.0, 0.0, 0.0, 0.0
+    for comp, q in zip(behaviour.components, tables, strict=True):
+        if est.correction is None:
+            m = moments(env, q, est.mapping, b, est.aggregation, est.max_length)
+        else:
+            m = composed_moments(
+                env,
+                q,
+                old,
+                est.mapping,
+                est.correction,
+                est.mode,
+                b,
+                est.aggregation,
+                est.max_length,
+            )
+        w = comp.weight
+        mean = w * m.mean if mean is None else mean + w * m.mean
+        second += w * m.second
+        abs_sum += w * m.abs_sum
+        sq_sum += w * m.sq_sum
+        length += w * m.mean_length
+    var_one = max(second - float(mean @ mean), 0.0)
+    denom = sq_sum * length
+    ess = n * abs_sum**2 / denom if denom > 0 else 0.0
+    return ExactMoments(mean=mean, variance=var_one / n, ess=ess, method="dp")
 
 
 class _WithRatio:
