@@ -341,3 +341,20 @@ def test_moment_dp_equals_enumeration_and_runs_beyond_it():
     np.testing.assert_allclose(m.mean, big.grad_J(), atol=1e-10, rtol=0)  # per-version IS
     with pytest.raises(ValueError, match="record"):
         versioned_moments(big, beh, Estimator("is_seq", aggregation=AGG), 16, record="mixture")
+
+
+def test_prompt_coverage_by_hand():
+    f = [0.5, 0.5]
+    lags = [[0.7, 0.2, 0.1], [0.2, 0.3, 0.5]]  # easy prompts young, hard prompts old
+    drop = V.prompt_coverage(f, lags, 1, "drop")
+    kept = np.array([0.5 * 0.9, 0.5 * 0.5])
+    np.testing.assert_allclose(drop["share"], kept / kept.sum(), rtol=1e-15)
+    assert drop["lost"] == pytest.approx(1 - kept.sum())
+    wait = V.prompt_coverage(f, lags, 1, "wait")
+    np.testing.assert_allclose(wait["share"], f)
+    assert wait["lost"] == 0 and wait["waited"] == pytest.approx(drop["lost"])
+    full = V.prompt_coverage(f, lags, 2, "drop")  # max_age ≥ the largest age: unchanged
+    np.testing.assert_allclose(full["share"], f)
+    assert full["lost"] == pytest.approx(0, abs=1e-15)
+    with pytest.raises(ValueError, match="lags"):
+        V.prompt_coverage(f, [[1, 0]], 1)

@@ -53,6 +53,7 @@ __all__ = [
     "lag_weights",
     "loglinear_alpha",
     "mixture",
+    "prompt_coverage",
     "segmented",
     "switching",
     "wait_stale",
@@ -365,6 +366,33 @@ def wait_stale(behaviour: VersionedBehaviour, max_age: int) -> VersionedBehaviou
         comps.append(Component(np.full_like(c.schedule, target), c.weight))
         moved += c.weight
     return VersionedBehaviour(behaviour.versions, behaviour.ages, tuple(comps), waited=moved)
+
+
+def prompt_coverage(prompt_weights, lags, max_age: int, strategy: str = "drop") -> dict:
+    """Which prompts the trained batch represents after the trainer's filter, exactly.
+
+    ``prompt_weights`` (K,): the prompt law f_k of the generated samples; ``lags`` (K, A + 1):
+    each prompt's age law P_k(a) (slow, hard prompts are old prompts: their lag law is
+    heavier). ``drop`` (samples older than ``max_age`` evicted): share_k = f_k P_k(a ≤ m) /
+    Σ_j f_j P_j(a ≤ m), ``lost`` = 1 − Σ_j f_j P_j(a ≤ m) (generated and thrown away);
+    ``wait``: share_k = f_k (every sample is trained, the would-be older ones at age m) and
+    ``lost`` = 0, ``waited`` = the same mass drop would lose. Returns ``{"share": (K,),
+    "lost": float, "waited": float}``."""
+    f = _check_weights(prompt_weights, np.size(prompt_weights), "prompt_weights")
+    lag = np.asarray(lags, dtype=np.float64)
+    if lag.ndim != 2 or lag.shape[0] != f.size or np.any(lag < 0) or not np.all(np.isfinite(lag)):
+        raise ValueError(f"lags must be (K, A + 1) = ({f.size}, …) weights >= 0, got {lag.shape}")
+    lag = lag / lag.sum(axis=1, keepdims=True)
+    max_age = int_at_least(max_age, "max_age", 0)
+    if strategy not in ("drop", "wait"):
+        raise ValueError(f"strategy must be 'drop' or 'wait', got {strategy!r}")
+    kept = f * lag[:, : max_age + 1].sum(axis=1)
+    beyond = 1.0 - float(kept.sum())
+    if strategy == "wait":
+        return {"share": f, "lost": 0.0, "waited": beyond}
+    if kept.sum() <= 0:
+        raise ValueError(f"max_age = {max_age} drops every sample")
+    return {"share": kept / kept.sum(), "lost": beyond, "waited": 0.0}
 
 
 def loglinear_alpha(behave_age, proximal_age: int = 0, theta_lead: int = 1) -> np.ndarray:

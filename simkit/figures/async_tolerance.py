@@ -208,20 +208,26 @@ def _rows(env, versions, cfg: Config, p: float, setting: dict) -> list[dict]:
 
 
 def coverage(cfg: Config) -> pd.DataFrame:
-    """Share of hard prompts in the trained batch against max_age: ``drop`` (exact, from the
-    two lag distributions) and ``wait``/keep (unchanged), with the wasted / waited fraction."""
-    ages = np.arange(cfg.max_lag + 1)
-    easy = V.lag_weights("geometric", cfg.max_lag, p=cfg.p_easy)
-    hard = V.lag_weights("geometric", cfg.max_lag, p=cfg.p_hard)
-    f = cfg.hard_share
+    """Share of hard prompts in the trained batch against max_age: ``drop`` and ``wait``
+    (:func:`simkit.envs.versions.prompt_coverage`, exact from the two lag distributions),
+    with the fraction of generated samples lost (drop) or waited for (wait)."""
+    lags = [
+        V.lag_weights("geometric", cfg.max_lag, p=cfg.p_easy),
+        V.lag_weights("geometric", cfg.max_lag, p=cfg.p_hard),
+    ]
+    f = [1 - cfg.hard_share, cfg.hard_share]
     rows = []
-    for m in ages:
-        ke, kh = easy[: m + 1].sum(), hard[: m + 1].sum()
-        kept = f * kh + (1 - f) * ke
-        rows.append(
-            {"max_age": int(m), "strategy": "drop", "hard_share": f * kh / kept, "lost": 1 - kept}
-        )
-        rows.append({"max_age": int(m), "strategy": "wait", "hard_share": f, "lost": 1 - kept})
+    for m in range(cfg.max_lag + 1):
+        for strategy in ("drop", "wait"):
+            cov = V.prompt_coverage(f, lags, m, strategy)
+            rows.append(
+                {
+                    "max_age": m,
+                    "strategy": strategy,
+                    "hard_share": float(cov["share"][1]),
+                    "lost": cov["lost"] if strategy == "drop" else cov["waited"],
+                }
+            )
     return pd.DataFrame(rows)
 
 
