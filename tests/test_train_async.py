@@ -219,6 +219,32 @@ def test_async_sweep_serial_and_processes_are_identical(tmp_path):
     assert serial.waited.sum() > 0
 
 
+@pytest.mark.parametrize("strategy", ["drop", "wait"])
+def test_filter_above_every_age_is_todays_run_bit_for_bit(strategy):
+    """A fixed lag with max_off_policy at the lag drops / waits for nothing: the run equals
+    the synchronous-lag run bit for bit (mismatch on, a difficulty-mixed prompt set)."""
+    from simkit.train.mismatch import Mismatch
+    from simkit.train.worlds import difficulty_prompts
+
+    env = difficulty_prompts(4, 5, ks=(1, 2, 3), seed=0)
+    base = dict(
+        estimator=grpo("tis_token"),
+        steps=9,
+        batch=24,
+        minibatches=3,
+        lag_updates=2,
+        lr=0.1,
+        mismatch=Mismatch(logit_noise=0.05, precision="bf16"),
+    )
+    today = train(env, TrainConfig(**base), seed=3)
+    filtered = train(
+        env,
+        TrainConfig(**base, max_off_policy=2, off_policy_strategy=strategy),
+        seed=3,
+    )
+    pd.testing.assert_frame_equal(filtered, today, check_exact=True)
+
+
 def test_synchronous_config_dicts_are_unchanged():
     d = TrainConfig(grpo("naive"), steps=3, batch=8).to_dict()
     assert not {"lag_distribution", "partial_hazard", "max_off_policy"} & set(d)

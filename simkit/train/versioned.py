@@ -12,7 +12,8 @@ counted and redrawn from the kept components — the batch is the behaviour cond
 version and counted, :func:`~simkit.envs.versions.wait_stale`), then samples the tokens of the
 rows of each component (and prompt) from the component's position-dependent table, in sorted
 component order. Every token's version age and log μ (of the version that generated it) are
-returned.
+returned. A behaviour of one version draws no component: the rollout is then the synchronous
+one bit for bit (e.g. ``max_off_policy`` at or above the lag with a fixed lag).
 """
 
 from __future__ import annotations
@@ -97,7 +98,10 @@ def draw_versioned(
     B = config.batch
     beh = behaviour_of(envs[0], config, log_mus, ages, start)
     filtered = _filtered(beh, config)
-    comp = rng.choice(len(beh.components), size=B, p=beh.weights)
+    if len(beh.components) == 1:  # one version: no draw (the synchronous run, bit for bit)
+        comp = np.zeros(B, dtype=np.int64)
+    else:
+        comp = rng.choice(len(beh.components), size=B, p=beh.weights)
     ages = beh.component_ages()
     dropped = waited = 0
     if config.max_off_policy is not None:
