@@ -219,7 +219,7 @@ def segmented(env, versions, switch, probs=None, ages=None) -> VersionedBehaviou
 
     ``versions``: list of policy tables of ``env``; ``ages``: their ages (default 0, 1, …).
     ``switch``: (T,) version indices (a deterministic schedule: one component, the
-    position-dependent table q[t] = versions[switch[t]][t]) or (S, T) schedules drawn with
+    position-dependent table ``q[t] = versions[switch[t]][t]``) or (S, T) schedules drawn with
     probabilities ``probs`` (S,) (one component each). E.g. versions (π_1, π_0) and switch
     (0, 0, 1, 1): the first two tokens by the version one update old, the rest by π.
     """
