@@ -358,3 +358,40 @@ def test_prompt_coverage_by_hand():
     assert full["lost"] == pytest.approx(0, abs=1e-15)
     with pytest.raises(ValueError, match="lags"):
         V.prompt_coverage(f, [[1, 0]], 1)
+
+
+def test_run_takes_the_loglinear_old():
+    """experiment.run(old=LogLinearOld(α)): the exact row is the enumeration with o = α·ℓ, the
+    Monte Carlo row's bias bounds hold it, and π_old's divergence columns are NaN."""
+    env = _env()
+    mu = noisy_policy(env.logits, 7, 0.6)
+    est = Estimator("ppo_clip", correction="tis_token")
+    old = LogLinearOld(0.5)
+    exact = experiment.run(env, mu, [est], n=8, reps=50, old=old, exact=True)
+    mc = experiment.run(env, mu, [est], n=8, reps=2000, old=old, exact=False, seed=3)
+    m = experiment.exact_moments(env, mu, est, 8, old=old)
+    assert exact.bias.iloc[0] == pytest.approx(np.linalg.norm(m.mean - env.grad_J()), abs=1e-12)
+    assert mc.bias_lo.iloc[0] <= exact.bias.iloc[0] <= mc.bias_hi.iloc[0]
+    assert np.isnan(exact.chi2_seq_stale.iloc[0]) and np.isnan(exact.kl_tok_infer.iloc[0])
+    with pytest.raises(ValueError, match="alpha"):
+        LogLinearOld(float("nan"))
+
+
+def test_switching_three_versions_lists_every_schedule():
+    """Start at age 2 (T = 3): an update before position 1 and/or 2, each with probability h,
+    moves the response one version newer."""
+    env = _env()
+    h = 0.3
+    beh = V.switching(env, _versions(env), [0.0, 0.0, 1.0], h)
+    got = {tuple(c.schedule): c.weight for c in beh.components}
+    expected = {
+        (2, 2, 2): (1 - h) ** 2,
+        (2, 1, 1): h * (1 - h),
+        (2, 2, 1): (1 - h) * h,
+        (2, 1, 0): h * h,
+    }
+    assert got.keys() == expected.keys()
+    for k, p in expected.items():
+        assert got[k] == pytest.approx(p, abs=1e-15)
+    assert beh.age_distribution() == pytest.approx({2: 1.0})
+    np.testing.assert_array_equal(beh.token_ages(list(got).index((2, 1, 0))), [2, 1, 0])
