@@ -245,6 +245,33 @@ def test_filter_above_every_age_is_todays_run_bit_for_bit(strategy):
     pd.testing.assert_frame_equal(filtered, today, check_exact=True)
 
 
+def test_loglinear_old_in_training():
+    """old_logp='loglinear': o = α·ℓ with α = a/(a + j + 1) from each token's age; on-policy
+    (N = 1, no lag, no mismatch) it is the recomputed π_old bit for bit (ℓ = o = 0)."""
+    from simkit.train.rollout import old_log_ratio_of
+
+    env = small_env()
+    composed = Estimator("ppo_clip", correction="tis_token", advantage="grpo", group_size=4)
+    on = dict(estimator=composed, steps=5, batch=16, lr=0.1)
+    a = train(env, TrainConfig(**on), seed=2)
+    b = train(env, TrainConfig(**on, old_logp="loglinear"), seed=2)
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
+    cfg = async_config(estimator=composed, old_logp="loglinear", partial_hazard=0.0)
+    (ro, _), *_ = _rollouts(env, cfg, seed=1, upto=3)[0][2:]
+    rows = slice(8, 16)  # mini-batch j = 1
+    mask = ro.mask[rows]
+    lr = np.where(mask, 0.3, 0.0)  # any log-ratio
+    age = ro.token_age[rows]
+    got = old_log_ratio_of(cfg, ro, rows, 1, lr, mask)
+    np.testing.assert_allclose(got, np.where(mask, age / (age + 2.0) * 0.3, 0.0), rtol=1e-15)
+    assert (age > 0).any()
+    recompute = old_log_ratio_of(async_config(), ro, rows, 1, lr, mask)
+    np.testing.assert_array_equal(
+        recompute, np.where(mask, ro.log_old_tok[rows] - ro.log_mu_tok[rows], 0.0)
+    )
+    assert train(env, cfg, seed=1).J.notna().any()
+
+
 def test_synchronous_config_dicts_are_unchanged():
     d = TrainConfig(grpo("naive"), steps=3, batch=8).to_dict()
     assert not {"lag_distribution", "partial_hazard", "max_off_policy"} & set(d)
@@ -261,6 +288,7 @@ def test_synchronous_config_dicts_are_unchanged():
         ({"partial_hazard": 1.5}, "partial_hazard"),
         ({"max_off_policy": 1, "lag_updates": 3}, "max_off_policy"),
         ({"off_policy_strategy": "skip"}, "off_policy_strategy"),
+        ({"old_logp": "linear"}, "old_logp"),
         (
             {
                 "lag_distribution": "uniform",

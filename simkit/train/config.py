@@ -34,7 +34,12 @@ from simkit.config.schema import (
 )
 from simkit.estimator_specs import plain
 from simkit.train.core import GRADIENTS, TrainConfig
-from simkit.train.hyperparameters import ASYNC_DEFAULTS, LAG_DISTRIBUTIONS, OFF_POLICY_STRATEGIES
+from simkit.train.hyperparameters import (
+    ASYNC_DEFAULTS,
+    LAG_DISTRIBUTIONS,
+    OFF_POLICY_STRATEGIES,
+    OLD_LOGPS,
+)
 from simkit.train.mismatch import Mismatch
 from simkit.train.optim import OPTIMIZERS
 from simkit.train.params import PARAMETERIZATIONS
@@ -165,6 +170,7 @@ class TrainSweepConfig(Frozen):
     partial_hazard: Annotated[StrictFloat, Field(ge=0.0, le=1.0)] = _DEFAULTS["partial_hazard"]
     max_off_policy: NonNegInt | None = None
     off_policy_strategy: Literal[OFF_POLICY_STRATEGIES] = _DEFAULTS["off_policy_strategy"]
+    old_logp: Literal[OLD_LOGPS] = _DEFAULTS["old_logp"]
     seeds: one_or_more(NonNegInt) = (0,)
     grids: tuple[SubGrid, ...] = ()
 

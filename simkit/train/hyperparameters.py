@@ -37,7 +37,10 @@ ASYNC_DEFAULTS = {
     "partial_hazard": 0.0,
     "max_off_policy": None,
     "off_policy_strategy": "drop",
+    "old_logp": "recompute",
 }
+#: how a composed estimator gets π_old (``old_logp``)
+OLD_LOGPS = ("recompute", "loglinear")
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,10 @@ class TrainConfig:
         them; whole-sequence samples only, not with ``partial_hazard``). verl
         ``max_off_policy_strategy`` (``verl/trainer/ppo/v1/replay_buffer.py`` at 41c567c;
         threshold 8 versions spanned by default), TRL AsyncGRPO ``max_staleness``.
+    old_logp : how a composed estimator (a ``correction``) gets π_old: ``"recompute"``
+        (default: θ at the rollout's start) or ``"loglinear"`` (AReaL's
+        ``prox_logp_method="loglinear"``: log π_old ≈ log μ + α·(log π − log μ) per token,
+        α from the token's version age: :func:`simkit.train.rollout.old_log_ratio_of`).
     optimizer : ``"adam"`` or ``"sgd"``; ``lr``, ``beta1``, ``beta2``, ``adam_eps``: its
         hyperparameters (betas/eps for Adam only).
     max_grad_norm : clip the update direction to this Euclidean norm (None: no clipping).
@@ -111,6 +118,7 @@ class TrainConfig:
     partial_hazard: float = 0.0
     max_off_policy: int | None = None
     off_policy_strategy: str = "drop"
+    old_logp: str = "recompute"
     optimizer: str = "adam"
     lr: float = 1e-2
     beta1: float = 0.9
@@ -215,6 +223,10 @@ class TrainConfig:
             raise ValueError(
                 "TrainConfig.partial_hazard > 0 needs lag_rollouts_max >= 1 (a response can "
                 "only switch to a newer version of the lag distribution)"
+            )
+        if self.old_logp not in OLD_LOGPS:
+            raise ValueError(
+                f"TrainConfig.old_logp must be one of {OLD_LOGPS}, got {self.old_logp!r}"
             )
         if self.off_policy_strategy not in OFF_POLICY_STRATEGIES:
             raise ValueError(

@@ -16,6 +16,7 @@ import numpy as np
 
 from simkit.envs.token_mdp import TokenMDP
 from simkit.envs.token_sampling import accumulate_tokens, sample_tokens
+from simkit.envs.versions import loglinear_alpha
 from simkit.estimators import GROUP_ADVANTAGES
 from simkit.train.hyperparameters import TrainConfig
 from simkit.train.mismatch import behaviour_log_probs, log_softmax
@@ -242,6 +243,21 @@ def new_rollout(
     )
 
 
+def old_log_ratio_of(config: TrainConfig, ro: Rollout, rows, j: int, log_ratio, mask):
+    """o = log π_old − log μ on the tokens of mini-batch j (``rows``) of a composed estimator.
+
+    ``config.old_logp = "recompute"``: π_old = θ at the rollout's start (the trainer's
+    recomputation). ``"loglinear"``: AReaL's approximation (:func:`simkit.envs.versions.
+    loglinear_alpha` with π_prox = π_old, ``theta_lead`` 1), o = α·ℓ with α = a/(a + j + 1)
+    for a token whose version is a updates older than π_old (its recorded age; the rollout's
+    lag for a synchronous run) — no forward pass of π_old."""
+    if config.old_logp == "recompute":
+        return np.where(mask, ro.log_old_tok[rows] - ro.log_mu_tok[rows], 0.0)
+    age = ro.token_age[rows] if ro.token_age is not None else np.full(mask.shape, ro.behind)
+    alpha = loglinear_alpha(age + j, proximal_age=j, theta_lead=1)
+    return np.where(mask, alpha * log_ratio, 0.0)
+
+
 def _version_at(state: TrainState, step: int) -> np.ndarray:
     """The kept θ of ``step`` (:func:`keep_version`)."""
     try:
@@ -287,7 +303,7 @@ def optimizer_step(
     est = config.estimator
     adv = ro.advantages[rows]
     if getattr(est, "correction", None) is not None:  # a composed estimator: π/π_old × π_old/μ
-        old_log_ratio = np.where(mask, ro.log_old_tok[rows] - ro.log_mu_tok[rows], 0.0)
+        old_log_ratio = old_log_ratio_of(config, ro, rows, j, log_ratio, mask)
         coef = est.coefficients(log_ratio, mask, adv, old_log_ratio=old_log_ratio)
     else:
         coef = est.coefficients(log_ratio, mask, adv)
