@@ -32,9 +32,10 @@ random instances (random logits of the same automaton) at one lag distribution g
 rankings as fractions. A fourth panel trains (:func:`simkit.train.train`, asynchronous
 ``TrainConfig``: a geometric lag over rollouts, ``max_off_policy`` drop / wait) on a
 difficulty-mixed prompt set and shows the final J ± SE over seeds of synchronous, keep, drop
-and wait, with and without token TIS (its notes name the best and the recipes tied with it
-within 2 SE). In the simulator each row keeps its prompt when it is redrawn, so the coverage
-effect of panel (c) is not in the training runs.
+and wait, with and without token TIS, and of decoupled PPO × TIS with the recomputed or the
+log-linear π_old (its notes name the best and the recipes tied with it within 2 SE). In the
+simulator each row keeps its prompt when it is redrawn, so the coverage effect of panel (c)
+is not in the training runs.
 
 Data: a tidy DataFrame (one row per strategy × lag parameter, plus the ensemble rows with
 ``part == "ensemble"``, the coverage rows with ``part == "coverage"`` and one row per training
@@ -233,8 +234,10 @@ def coverage(cfg: Config) -> pd.DataFrame:
 
 #: training recipes: label -> (mapping, TrainConfig keyword arguments beyond the lag law)
 def train_recipes(cfg: Config) -> dict[str, tuple[str, dict]]:
-    """The training runs of the figure: synchronous (no lag), keep, drop and wait, each with
-    token TIS (per-token versions: log μ of the generating version) and without IS."""
+    """The training runs of the figure: decoupled PPO × token TIS with the recomputed or the
+    log-linear π_old (``TrainConfig.old_logp``), then synchronous (no lag), keep, drop and
+    wait, each with token TIS (per-token versions: log μ of the generating version) and
+    without IS."""
     lag = {
         "lag_distribution": "geometric",
         "lag_rollouts_max": cfg.train_lag_max,
@@ -242,6 +245,9 @@ def train_recipes(cfg: Config) -> dict[str, tuple[str, dict]]:
     }
     m = cfg.train_max_off
     out = {}
+    for how in ("recompute", "loglinear"):
+        name = "recomputed" if how == "recompute" else "log-linear"
+        out[f"keep, PPO × TIS, {name} π_old"] = ("ppo_clip", {**lag, "old_logp": how})
     for mapping, suffix in ((TIS, "per-version IS"), ("naive", "no IS")):
         out[f"synchronous, {suffix}"] = (mapping, {})
         out[f"keep, {suffix}"] = (mapping, lag)
@@ -263,7 +269,8 @@ def training(cfg: Config) -> pd.DataFrame:
     env = difficulty_prompts(4, 6, ks=(1, 3, 5), seed=cfg.seed)
     rows = []
     for label, (mapping, kwargs) in train_recipes(cfg).items():
-        est = Estimator(mapping, advantage="grpo", group_size=4)
+        correction = TIS if mapping == "ppo_clip" else None
+        est = Estimator(mapping, advantage="grpo", group_size=4, correction=correction)
         tc = TrainConfig(
             est,
             steps=cfg.train_steps,
