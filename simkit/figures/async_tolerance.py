@@ -4,9 +4,9 @@ distribution.
 Setting: a token MDP (``TokenMDP.answer_correct``, small enough to enumerate) and the
 versions its trainer went through: π_a = softmax(θ − η·Σ ∇J) after a exact gradient steps
 backwards from π (:func:`simkit.envs.stale.stale_policy`, a = 0 … ``max_lag``). A batch mixes
-samples of several ages with a truncated geometric lag distribution (:func:`simkit.envs.versions.
-lag_weights`), whose parameter is swept so that the mean age goes from near 0 to a few
-updates. For each batch the strategies a trainer can take, with token TIS (``tis_token``, C = 2)
+samples of several ages with a truncated geometric lag distribution
+(:func:`simkit.envs.versions.lag_weights`), whose parameter is swept so that the mean age goes
+from near 0 to a few updates. For each batch the strategies a trainer can take, with token TIS (``tis_token``, C = 2)
 as the correction where there is one:
 
 - ``keep, no IS``: train on every sample as if on-policy (``naive``);
