@@ -377,9 +377,10 @@ def versioned_monte_carlo(
     n_boot: int = 1000,
 ) -> dict[str, float]:
     """Monte Carlo metrics with bootstrap bounds
-    (:func:`~simkit.experiment.monte_carlo.monte_carlo_metrics`) of any estimator — batch-dependent ones included (group
-    advantages, self-normalised or PSIS weights) — on ``reps`` batches of ``n`` samples from
-    ``behaviour`` (:func:`sample_versioned`), ``record`` as in :func:`versioned_moments`.
+    (:func:`~simkit.experiment.monte_carlo.monte_carlo_metrics`) of any estimator — batch-dependent
+    ones included (group advantages, self-normalised or PSIS weights) — on ``reps`` batches of
+    ``n`` samples from ``behaviour`` (:func:`sample_versioned`), ``record`` as in
+    :func:`versioned_moments`.
     Randomness from ``SeedSequence(seed)``: the draws, the estimator's own randomness and
     the bootstrap from three children."""
     from simkit.experiment.monte_carlo import (

@@ -6,8 +6,8 @@ versions its trainer went through: π_a = softmax(θ − η·Σ ∇J) after a ex
 backwards from π (:func:`simkit.envs.stale.stale_policy`, a = 0 … ``max_lag``). A batch mixes
 samples of several ages with a truncated geometric lag distribution
 (:func:`simkit.envs.versions.lag_weights`), whose parameter is swept so that the mean age goes
-from near 0 to a few updates. For each batch the strategies a trainer can take, with token TIS (``tis_token``, C = 2)
-as the correction where there is one:
+from near 0 to a few updates. For each batch the strategies a trainer can take, with token TIS
+(``tis_token``, C = 2) as the correction where there is one:
 
 - ``keep, no IS``: train on every sample as if on-policy (``naive``);
 - ``keep, single-version IS``: correct with the one version the trainer assumes for every

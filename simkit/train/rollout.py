@@ -248,9 +248,9 @@ def old_log_ratio_of(config: TrainConfig, ro: Rollout, rows, j: int, log_ratio, 
 
     ``config.old_logp = "recompute"``: π_old = θ at the rollout's start (the trainer's
     recomputation). ``"loglinear"``: AReaL's approximation
-    (:func:`simkit.envs.versions.loglinear_alpha` with π_prox = π_old, ``theta_lead`` 1), o = α·ℓ with α = a/(a + j + 1)
-    for a token whose version is a updates older than π_old (its recorded age; the rollout's
-    lag for a synchronous run) — no forward pass of π_old."""
+    (:func:`simkit.envs.versions.loglinear_alpha` with π_prox = π_old, ``theta_lead`` 1), o = α·ℓ
+    with α = a/(a + j + 1) for a token whose version is a updates older than π_old (its recorded
+    age; the rollout's lag for a synchronous run) — no forward pass of π_old."""
     if config.old_logp == "recompute":
         return np.where(mask, ro.log_old_tok[rows] - ro.log_mu_tok[rows], 0.0)
     age = ro.token_age[rows] if ro.token_age is not None else np.full(mask.shape, ro.behind)
