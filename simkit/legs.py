@@ -6,6 +6,11 @@ path), o_t = log π_old(y_t|s_t) − log μ(y_t|s_t). :func:`old_log_ratio` comp
 bandit and the token MDP from the actions (and automaton states) the batch already holds;
 :func:`leg_divergences` gives the χ²/KL columns of both legs. ``old`` has the shape of the
 behaviour (K,) or (T, P, V). Default ``old = None`` means π_old = π and nothing here is used.
+
+``old`` may also be :class:`LogLinearOld`: AReaL's approximated proximal policy
+(``prox_logp_method="loglinear"``, A-3PO, arXiv 2512.06547), log π_old ≈ log μ + α·(log π −
+log μ) per token, i.e. o_t = α·ℓ_t — no table, only the token log-ratios (exact path by
+enumeration and Monte Carlo; the composed moment DP needs a table and refuses it).
 """
 
 from __future__ import annotations
@@ -25,8 +30,37 @@ LEG_COLUMNS = tuple(
 )
 
 
-def check_old(env, old) -> np.ndarray:
-    """Validate π_old (the shape and normalisation of a behaviour policy of ``env``)."""
+@dataclasses.dataclass(frozen=True)
+class LogLinearOld:
+    """π_old approximated log-linearly between the behaviour and the current policy.
+
+    AReaL's ``prox_logp_method="loglinear"`` (``docs/algorithms/prox_approx.md`` at
+    inclusionAI/AReaL 45a6d5f; A-3PO, arXiv 2512.06547): per token
+
+        log π_old ≈ log μ + α·(log π − log μ),   α = (v_prox − v_behave)/(v_θ − v_behave),
+
+    so o_t = log π_old − log μ = α·ℓ_t and the staleness leg ℓ_t − o_t = (1 − α)·ℓ_t. α = 1 is
+    π_old = π (the recomputed π_old when π has not moved since the rollout's proximal step);
+    α = 0 is π_old = μ (``prox_logp_method="rollout"``). ``alpha`` is a real number (one value
+    for every token; :func:`simkit.envs.versions.loglinear_alpha` gives it per token from the
+    versions, used by :mod:`simkit.experiment.versions`). Not a normalised policy: π_old's
+    divergence columns are NaN.
+    """
+
+    alpha: float = 1.0
+
+    def __post_init__(self):
+        a = self.alpha
+        if isinstance(a, bool) or not isinstance(a, int | float) or not math.isfinite(a):
+            raise ValueError(f"LogLinearOld: alpha must be a finite real number, got {a!r}")
+        object.__setattr__(self, "alpha", float(a))
+
+
+def check_old(env, old):
+    """Validate π_old (the shape and normalisation of a behaviour policy of ``env``); a
+    :class:`LogLinearOld` is returned as it is."""
+    if isinstance(old, LogLinearOld):
+        return old
     return env.check_policy(old, "old")
 
 
@@ -43,6 +77,9 @@ def old_log_ratio(env, old, mu, actions, mask, states=None) -> np.ndarray:
     probability 0 (the correction's ratio is then 0).
     """
     m = np.asarray(mask, dtype=bool)
+    if isinstance(old, LogLinearOld):  # o = α·(log π − log μ)
+        lr = old_log_ratio(env, env.pi, mu, actions, mask, states)
+        return old.alpha * lr
     if states is None:  # bandit
         diff = _log(old) - _log(mu)
         return np.where(m, diff[np.asarray(actions)][..., None], 0.0)
@@ -66,6 +103,8 @@ def leg_divergences(env, old, mu) -> dict[str, float]:
     """χ² and KL (token and sequence level) of π from π_old (``*_stale``) and of π_old from μ
     (``*_infer``), the environment's exact formulas; NaN for the second leg when π_old has a
     zero (it cannot be made a target)."""
+    if isinstance(old, LogLinearOld):  # no normalised table: no divergences
+        return dict.fromkeys(LEG_COLUMNS, math.nan)
     out = {}
     stale = env.divergences(old)
     target = _with_target(env, old)

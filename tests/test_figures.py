@@ -38,6 +38,7 @@ EXPECTED = [
     "collapse_map",
     "collapse_regimes",
     "lm_staleness_curves",
+    "async_tolerance",
 ]
 
 

@@ -305,6 +305,11 @@ def _dp_moments(env, mu, est: Estimator, n: int, old=None, params: str = "untied
     from simkit.envs.token_kept import kept_dp, kept_dp_applies
     from simkit.envs.token_moments_tied import tied_composed_moments, tied_moments
 
+    if isinstance(old, legs.LogLinearOld):
+        raise ValueError(
+            f"estimator {est.name!r}: old=LogLinearOld (the log-linear π_old) has no table for "
+            "the composed moment DP; use an environment small enough to enumerate"
+        )
     b = oracle_baseline(env, mu, est)
     tied = params == "tied"
     if est.correction is None:  # one ratio π/μ, whatever π_old is

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import ModuleType
 
 from simkit.figures import (
+    async_tolerance,
     bandit_bias_variance,
     bias_variance_frontier,
     collapse_map,
@@ -65,6 +66,7 @@ FIGURES: dict[str, ModuleType] = {
         collapse_map,
         collapse_regimes,
         lm_staleness_curves,
+        async_tolerance,
     )
 }
 

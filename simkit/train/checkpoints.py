@@ -72,6 +72,10 @@ def save_checkpoint(out_dir: Path, state: TrainState) -> None:
         meta["rollout"] = {"index": ro.index, "behind": ro.behind}
         for name in Rollout._ARRAYS:
             arrays[f"rollout_{name}"] = getattr(ro, name)
+        if ro.token_age is not None:  # an asynchronous run's rollout
+            meta["rollout"].update(dropped=ro.dropped, waited=ro.waited)
+            for name in Rollout._OPTIONAL_ARRAYS:
+                arrays[f"rollout_{name}"] = getattr(ro, name)
     arrays["meta"] = np.array(json.dumps(meta))
 
     def write(fh):
@@ -118,7 +122,12 @@ def _load_state(out_dir: Path, name: str = CHECKPOINT_FILE) -> TrainState:
     versions = list(arrays["versions"]) if "versions" in arrays else []
     rollout = None
     if meta["rollout"] is not None:
-        rollout = Rollout(**meta["rollout"], **{n: arrays[f"rollout_{n}"] for n in Rollout._ARRAYS})
+        optional = {
+            n: arrays[f"rollout_{n}"] for n in Rollout._OPTIONAL_ARRAYS if f"rollout_{n}" in arrays
+        }
+        rollout = Rollout(
+            **meta["rollout"], **{n: arrays[f"rollout_{n}"] for n in Rollout._ARRAYS}, **optional
+        )
     return TrainState(
         step=int(meta["step"]),
         theta=arrays["theta"],

@@ -34,6 +34,12 @@ from simkit.config.schema import (
 )
 from simkit.estimator_specs import plain
 from simkit.train.core import GRADIENTS, TrainConfig
+from simkit.train.hyperparameters import (
+    ASYNC_DEFAULTS,
+    LAG_DISTRIBUTIONS,
+    OFF_POLICY_STRATEGIES,
+    OLD_LOGPS,
+)
 from simkit.train.mismatch import Mismatch
 from simkit.train.optim import OPTIMIZERS
 from simkit.train.params import PARAMETERIZATIONS
@@ -158,6 +164,13 @@ class TrainSweepConfig(Frozen):
     features: PosInt = _DEFAULTS["features"]
     feature_rank: PosInt = _DEFAULTS["feature_rank"]
     feature_seed: NonNegInt = _DEFAULTS["feature_seed"]
+    lag_distribution: Literal[LAG_DISTRIBUTIONS] = _DEFAULTS["lag_distribution"]
+    lag_rollouts_max: NonNegInt = _DEFAULTS["lag_rollouts_max"]
+    lag_p: Annotated[StrictFloat, Field(gt=0.0, le=1.0)] = _DEFAULTS["lag_p"]
+    partial_hazard: Annotated[StrictFloat, Field(ge=0.0, le=1.0)] = _DEFAULTS["partial_hazard"]
+    max_off_policy: NonNegInt | None = None
+    off_policy_strategy: Literal[OFF_POLICY_STRATEGIES] = _DEFAULTS["off_policy_strategy"]
+    old_logp: Literal[OLD_LOGPS] = _DEFAULTS["old_logp"]
     seeds: one_or_more(NonNegInt) = (0,)
     grids: tuple[SubGrid, ...] = ()
 
@@ -206,6 +219,8 @@ class TrainSweepConfig(Frozen):
         for key in _scalars():
             if key in _FEATURE_KEYS and self.parameterization == "tabular":
                 continue  # the tabular default: no parameterisation keys (older files agree)
+            if key in ASYNC_DEFAULTS and getattr(self, key) == ASYNC_DEFAULTS[key]:
+                continue  # synchronous defaults: no asynchronous keys (older files agree)
             if key != "steps" and getattr(self, key) is not None:
                 d[key] = getattr(self, key)
         d["seeds"] = list(self.seeds)

@@ -22,7 +22,12 @@ COLUMNS = {
     "policy_age_min": "policy age, smallest over the mini-batch: updates between the θ that "
     "sampled a sequence and π_s, s − max(rN − L, 0) with L the lag in updates",
     "policy_age_mean": "policy age, mean over the mini-batch's sequences",
-    "policy_age_max": "policy age, largest over the mini-batch",
+    "policy_age_max": "policy age, largest over the mini-batch (asynchronous runs: min, mean "
+    "and max over the mini-batch's tokens, each token aged by the version that generated it)",
+    "dropped": "samples of this rollout dropped by max_off_policy 'drop' and redrawn (on the "
+    "rollout's first mini-batch, 0 on the others)",
+    "waited": "samples of this rollout trained at the oldest acceptable version by "
+    "max_off_policy 'wait' (on the rollout's first mini-batch, 0 on the others)",
     "recorded": "True where the exact (DP) columns below were computed",
     "J": "J(π_s) = E_π[R], exact (DP)",
     "grad_J_norm": "‖∇J(π_s)‖, exact (DP)",
@@ -148,6 +153,8 @@ def records_table(rows: list[dict]) -> pd.DataFrame:
             "policy_age_min": np.int64,
             "policy_age_mean": np.float64,
             "policy_age_max": np.int64,
+            "dropped": np.int64,
+            "waited": np.int64,
             "recorded": bool,
         }
     )

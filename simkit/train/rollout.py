@@ -16,12 +16,14 @@ import numpy as np
 
 from simkit.envs.token_mdp import TokenMDP
 from simkit.envs.token_sampling import accumulate_tokens, sample_tokens
+from simkit.envs.versions import loglinear_alpha
 from simkit.estimators import GROUP_ADVANTAGES
 from simkit.train.hyperparameters import TrainConfig
 from simkit.train.mismatch import behaviour_log_probs, log_softmax
 from simkit.train.optim import clip_grad_norm
 from simkit.train.params import Parameterization
 from simkit.train.records import EXACT_COLUMNS, ess_of_log_weights, exact_columns
+from simkit.train.versioned import draw_versioned, version_steps
 from simkit.train.worlds import as_prompts
 
 # --- state ------------------------------------------------------------------------------------
@@ -44,6 +46,11 @@ class Rollout:
     log_old_tok: np.ndarray  # (B, T) log π_old(y_t | t, s_t), 0 on padding
     behind: int  # optimizer updates between θ_b and the trainer's θ at rollout time
     prompt: np.ndarray  # (B,) int64: the prompt of each row (all 0 for one TokenMDP)
+    # asynchronous runs only (TrainConfig.asynchronous): each token's version age at rollout
+    # start (B, T), and the rows the trainer's max_off_policy filter dropped / waited for
+    token_age: np.ndarray | None = None
+    dropped: int = 0
+    waited: int = 0
 
     _ARRAYS = (
         "actions",
@@ -58,6 +65,7 @@ class Rollout:
         "log_old_tok",
         "prompt",
     )
+    _OPTIONAL_ARRAYS = ("token_age",)
 
 
 @dataclass
@@ -142,23 +150,40 @@ def new_rollout(
     ``config.batch`` sequences y ~ μ (each prompt's rows from its own automaton), their rewards
     and advantages (the ``oracle`` baselines exact), and log μ and log π_old of every drawn
     token. Drops the kept versions older than θ_b (:func:`keep_version` keeps them)."""
-    N = config.minibatches
-    b = behaviour_step(index, N, config.lag_in_updates)
+    N, L = config.minibatches, config.lag_in_updates
+    b = behaviour_step(index, N, L)
     keep_version(state, config)
-    drop = sum(1 for v in state.version_steps if v < b)
+    oldest = behaviour_step(index - config.lag_rollouts_max, N, L)  # the lag distribution's
+    drop = sum(1 for v in state.version_steps if v < oldest)
     del state.versions[:drop], state.version_steps[:drop]
-    if not state.version_steps or state.version_steps[0] != b:
+    if not state.version_steps or state.version_steps[0] != oldest:
         raise RuntimeError(
-            f"rollout {index}: θ of step {b} was not kept (kept: {state.version_steps})"
+            f"rollout {index}: θ of step {oldest} was not kept (kept: {state.version_steps})"
         )
-    theta_b = state.versions[0]
     behind = index * N - b
-    log_mu = behaviour_log_probs(param.logits(theta_b), config.mismatch, state.rng_mismatch)
-    mu = np.exp(log_mu)
     envs = as_prompts(env)
     prompt = _prompt_of_rows(config, len(envs))
     T, P, V = envs[0].logits.shape
-    if len(envs) == 1:
+    draw = None
+    if config.asynchronous:  # versions up to K rollouts further back, newest first
+        steps, start = version_steps(config, index, lambda r: behaviour_step(r, N, L))
+        log_mus = [
+            behaviour_log_probs(
+                param.logits(_version_at(state, s)), config.mismatch, state.rng_mismatch
+            )
+            for s in steps
+        ]
+        log_mu = log_mus[0]
+        ages = [index * N - s for s in steps]
+        draw = draw_versioned(envs, prompt, config, log_mus, ages, start, state.rng_sample)
+    else:
+        theta_b = _version_at(state, b)
+        log_mu = behaviour_log_probs(param.logits(theta_b), config.mismatch, state.rng_mismatch)
+    mu = np.exp(log_mu)
+    if draw is not None:  # drawn above, version by version
+        actions, states, mask, rewards = draw.actions, draw.states, draw.mask, draw.rewards
+        flat_index = draw.flat_index
+    elif len(envs) == 1:
         batch = sample_tokens(envs[0], mu, config.batch, state.rng_sample)
         actions, states, mask, rewards = batch.actions, batch.states, batch.mask, batch.rewards
         flat_index = envs[0].policy_index.astype(np.intp).take(states) * V
@@ -178,13 +203,18 @@ def new_rollout(
                 b.rewards,
             )
             flat_index[rows] = e.policy_index.astype(np.intp).take(b.states) * V
-    flat_index += actions
-    flat_index += np.arange(T, dtype=np.intp) * (P * V)
-    log_mu_tok = np.where(mask, log_mu.ravel().take(flat_index), 0.0)
+    if draw is None:
+        flat_index += actions
+        flat_index += np.arange(T, dtype=np.intp) * (P * V)
+        log_mu_tok = np.where(mask, log_mu.ravel().take(flat_index), 0.0)
+    else:  # each token's log μ is its generating version's
+        log_mu_tok = draw.log_mu_tok
     log_old = log_softmax(param.logits(state.theta))
     log_old_tok = np.where(mask, log_old.ravel().take(flat_index), 0.0)
     est = config.estimator
-    if est.advantage == "oracle":  # J(μ) of the served behaviour that drew this batch
+    if est.advantage == "oracle" and draw is not None:  # J of the versioned batch's law
+        J_base = [draw.behaviour.J(e) for e in envs]
+    elif est.advantage == "oracle":  # J(μ) of the served behaviour that drew this batch
         J_base = [e.J(mu) for e in envs]
     elif est.advantage == "oracle_pi":
         J_base = [e.with_logits(param.logits(state.theta)).J() for e in envs]
@@ -207,7 +237,33 @@ def new_rollout(
         log_old_tok=log_old_tok,
         behind=behind,
         prompt=prompt,
+        token_age=None if draw is None else draw.token_age,
+        dropped=0 if draw is None else draw.dropped,
+        waited=0 if draw is None else draw.waited,
     )
+
+
+def old_log_ratio_of(config: TrainConfig, ro: Rollout, rows, j: int, log_ratio, mask):
+    """o = log π_old − log μ on the tokens of mini-batch j (``rows``) of a composed estimator.
+
+    ``config.old_logp = "recompute"``: π_old = θ at the rollout's start (the trainer's
+    recomputation). ``"loglinear"``: AReaL's approximation
+    (:func:`simkit.envs.versions.loglinear_alpha` with π_prox = π_old, ``theta_lead`` 1), o = α·ℓ
+    with α = a/(a + j + 1) for a token whose version is a updates older than π_old (its recorded
+    age; the rollout's lag for a synchronous run) — no forward pass of π_old."""
+    if config.old_logp == "recompute":
+        return np.where(mask, ro.log_old_tok[rows] - ro.log_mu_tok[rows], 0.0)
+    age = ro.token_age[rows] if ro.token_age is not None else np.full(mask.shape, ro.behind)
+    alpha = loglinear_alpha(age + j, proximal_age=j, theta_lead=1)
+    return np.where(mask, alpha * log_ratio, 0.0)
+
+
+def _version_at(state: TrainState, step: int) -> np.ndarray:
+    """The kept θ of ``step`` (:func:`keep_version`)."""
+    try:
+        return state.versions[state.version_steps.index(step)]
+    except ValueError:
+        raise RuntimeError(f"θ of step {step} was not kept (kept: {state.version_steps})") from None
 
 
 def group_size_of(config: TrainConfig) -> int:
@@ -247,7 +303,7 @@ def optimizer_step(
     est = config.estimator
     adv = ro.advantages[rows]
     if getattr(est, "correction", None) is not None:  # a composed estimator: π/π_old × π_old/μ
-        old_log_ratio = np.where(mask, ro.log_old_tok[rows] - ro.log_mu_tok[rows], 0.0)
+        old_log_ratio = old_log_ratio_of(config, ro, rows, j, log_ratio, mask)
         coef = est.coefficients(log_ratio, mask, adv, old_log_ratio=old_log_ratio)
     else:
         coef = est.coefficients(log_ratio, mask, adv)
@@ -275,8 +331,17 @@ def optimizer_step(
         "policy_age_min": ro.behind + j,
         "policy_age_mean": float(ro.behind + j),
         "policy_age_max": ro.behind + j,
+        "dropped": ro.dropped if j == 0 else 0,
+        "waited": ro.waited if j == 0 else 0,
         "recorded": record,
     }
+    if ro.token_age is not None and mask.any():  # per-token versions: ages of the tokens
+        ages = ro.token_age[rows][mask] + j
+        row.update(
+            policy_age_min=int(ages.min()),
+            policy_age_mean=float(ages.mean()),
+            policy_age_max=int(ages.max()),
+        )
     exact = dict.fromkeys(EXACT_COLUMNS, math.nan)
     grad_J = None
     if record or config.gradient == "exact":

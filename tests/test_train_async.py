@@ -1,0 +1,306 @@
+"""Asynchronous training (TrainConfig.lag_distribution / partial_hazard / max_off_policy): the
+per-token versions of partial rollouts are recorded as scheduled and their log μ is the
+generating version's; drop and wait counts match a hand count of the unfiltered draw; the
+drawn batch follows the exact versioned behaviour; resume and the sweep backends are bit
+identical; synchronous configs are unchanged."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from simkit import config as C
+from simkit import sweep
+from simkit.envs import TokenMDP
+from simkit.estimators import Estimator
+from simkit.train import TrainConfig, load_checkpoint, train
+from simkit.train.mismatch import log_softmax
+from simkit.train.rollout import (
+    initial_state,
+    keep_version,
+    new_rollout,
+    optimizer_step,
+)
+
+
+def small_env() -> TokenMDP:
+    return TokenMDP.at_least_k(V=4, T=6, k=2, seed=1, scale=0.5)
+
+
+def grpo(name: str) -> Estimator:
+    return Estimator(name, advantage="grpo", group_size=4)
+
+
+def _rollouts(env, cfg, seed, upto):
+    """The rollouts of a run up to rollout ``upto`` (the training loop of simkit.train.core),
+    with the θ kept for each version step."""
+    param = cfg.parameterization_of(env)
+    state = initial_state(env, cfg, param, seed)
+    out = []
+    N = cfg.minibatches
+    while state.step < upto * N + 1:
+        keep_version(state, cfg)
+        if state.step % N == 0:
+            state.rollout = new_rollout(env, cfg, param, state, state.step // N)
+            kept = dict(zip(state.version_steps, [v.copy() for v in state.versions], strict=True))
+            out.append((state.rollout, kept))
+        optimizer_step(env, cfg, param, state, False, None)
+        state.step += 1
+    return out, param
+
+
+def test_partial_rollout_versions_are_recorded_as_scheduled():
+    """hazard 1: a response that starts a ages old moves to the next newer version at every
+    position, so token t has age max(a − t, 0); its log μ is that version's."""
+    env = small_env()
+    cfg = TrainConfig(
+        grpo("tis_token"),
+        steps=8,
+        batch=32,
+        lag_distribution="uniform",
+        lag_rollouts_max=2,
+        partial_hazard=1.0,
+        lr=0.1,
+    )
+    rollouts, param = _rollouts(env, cfg, seed=3, upto=4)
+    seen = set()
+    for ro, kept in rollouts[2:]:  # from rollout 2 on, the versions are 0, 1, 2 updates old
+        age0 = ro.token_age[:, 0]
+        t = np.arange(env.T)
+        expected = np.maximum(age0[:, None] - t[None, :], 0)
+        assert np.array_equal(ro.token_age, expected)
+        seen |= set(age0.tolist())
+        for a in range(3):  # log μ of every token of age a is θ_{rN − a}'s
+            log_q = log_softmax(param.logits(kept[ro.index - a])).ravel()
+            sel = (ro.token_age == a) & ro.mask
+            np.testing.assert_array_equal(ro.log_mu_tok[sel], log_q.take(ro.flat_index[sel]))
+    assert seen == {0, 1, 2}
+
+
+def _counts(strategy, max_off):
+    env = small_env()
+    base = dict(
+        estimator=grpo("tis_token"),
+        steps=6,
+        batch=16,
+        minibatches=2,
+        lag_distribution="geometric",
+        lag_rollouts_max=2,
+        lag_p=0.4,
+        lr=0.05,
+    )
+    free, _ = _rollouts(env, TrainConfig(**base), seed=5, upto=2)
+    cfg = TrainConfig(**base, max_off_policy=max_off, off_policy_strategy=strategy)
+    filtered, _ = _rollouts(env, cfg, seed=5, upto=2)
+    return free, filtered
+
+
+@pytest.mark.parametrize("strategy", ["drop", "wait"])
+def test_drop_and_wait_counts_match_a_hand_count(strategy):
+    """The same seed draws the same components first: the filter's count is the number of
+    rows of the unfiltered rollout older than max_off_policy (ages 0, 2, 4 at N = 2)."""
+    free, filtered = _counts(strategy, 3)
+    hand = [int((ro.token_age[:, 0] > 3).sum()) for ro, _ in free]
+    assert hand[-1] > 0  # the check can fail
+    got = [ro.dropped if strategy == "drop" else ro.waited for ro, _ in filtered]
+    other = [ro.waited if strategy == "drop" else ro.dropped for ro, _ in filtered]
+    assert got == hand and other == [0] * len(hand)
+    for (ro_f, _), (ro, _) in zip(free, filtered, strict=True):
+        assert ro.token_age.max() <= 3
+        old = ro_f.token_age[:, 0] > 3
+        if strategy == "wait":  # the waited rows are trained at the oldest acceptable age
+            expected = np.where(old, ro_f.token_age[:, 0].clip(max=2), ro_f.token_age[:, 0])
+            assert np.array_equal(ro.token_age[:, 0], expected)
+        else:  # the kept rows are the unfiltered draw's
+            assert np.array_equal(ro.token_age[~old, 0], ro_f.token_age[~old, 0])
+
+
+def test_table_counts_per_rollout():
+    env = small_env()
+    cfg = TrainConfig(
+        grpo("tis_token"),
+        steps=6,
+        batch=16,
+        minibatches=2,
+        lag_distribution="geometric",
+        lag_rollouts_max=2,
+        lag_p=0.4,
+        max_off_policy=3,
+        lr=0.05,
+    )
+    table = train(env, cfg, seed=5)
+    _, filtered = _counts("drop", 3)
+    assert table.dropped.tolist()[::2] == [ro.dropped for ro, _ in filtered]
+    assert (table.dropped.iloc[1::2] == 0).all() and (table.waited == 0).all()
+    assert (table.policy_age_max <= 3 + 1).all()
+
+
+def test_drawn_ages_follow_the_exact_lag_distribution():
+    """Rollout 2 onward at N = 1, K = 2: ages 0, 1, 2 with the truncated geometric weights
+    (p = 0.5: 4/7, 2/7, 1/7), checked with a z-test over the drawn rows (z < 4)."""
+    env = small_env()
+    cfg = TrainConfig(
+        grpo("naive"),
+        steps=40,
+        batch=64,
+        lag_distribution="geometric",
+        lag_rollouts_max=2,
+        lag_p=0.5,
+        lr=0.01,
+    )
+    rollouts, _ = _rollouts(env, cfg, seed=0, upto=30)
+    ages = np.concatenate([ro.token_age[:, 0] for ro, _ in rollouts[2:]])
+    p = np.array([4, 2, 1]) / 7
+    for a in range(3):
+        frac = np.mean(ages == a)
+        se = np.sqrt(p[a] * (1 - p[a]) / ages.size)
+        assert abs(frac - p[a]) < 4 * se
+
+
+def async_config(**kw) -> TrainConfig:
+    base = dict(
+        estimator=grpo("tis_token"),
+        steps=14,
+        batch=16,
+        minibatches=2,
+        lag=1,
+        lag_distribution="geometric",
+        lag_rollouts_max=2,
+        lag_p=0.5,
+        partial_hazard=0.2,
+        max_off_policy=5,
+        lr=0.05,
+    )
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_interrupted_async_run_resumes_to_the_uninterrupted_table(tmp_path):
+    env = small_env()
+    cfg = async_config()
+    memory = train(env, cfg, seed=4)
+    assert memory.dropped.sum() > 0 and memory.policy_age_max.max() > memory.staleness.max()
+    whole = train(env, cfg, seed=4, out_dir=tmp_path / "whole", chunk_steps=3)
+    pd.testing.assert_frame_equal(whole, memory, check_exact=True)
+    part = tmp_path / "part"
+    first = train(env, cfg, seed=4, out_dir=part, chunk_steps=3, stop_after=9)  # mid-rollout
+    assert len(first) == 9 and load_checkpoint(part)[0] == 9
+    resumed = train(env, cfg, seed=4, out_dir=part, chunk_steps=3)
+    pd.testing.assert_frame_equal(resumed, whole, check_exact=True)
+
+
+ASYNC_SWEEP = {
+    "kind": "train",
+    "name": "async",
+    "environment": {
+        "kind": "token_mdp",
+        "constructor": "at_least_k",
+        "V": 3,
+        "T": [4],
+        "kwargs": {"k": 2},
+    },
+    "steps": 6,
+    "minibatch_size": 8,
+    "minibatches": [1, 2],
+    "lag_distribution": "uniform",
+    "lag_rollouts_max": 2,
+    "max_off_policy": 2,
+    "off_policy_strategy": "wait",
+    "estimators": [{"mapping": "tis_token", "advantages": ["grpo"], "group_size": 4}],
+}
+
+
+def test_async_sweep_serial_and_processes_are_identical(tmp_path):
+    cfg = C.config_from_dict(ASYNC_SWEEP)
+    assert C.config_from_dict(cfg.to_dict()) == cfg
+    assert cfg.to_dict()["off_policy_strategy"] == "wait"
+    serial = sweep.run_config(cfg, progress=False)
+    procs = sweep.run_config(cfg, progress=False, backend="processes", workers=2)
+    pd.testing.assert_frame_equal(serial, procs, check_exact=True)
+    assert serial.waited.sum() > 0
+
+
+@pytest.mark.parametrize("strategy", ["drop", "wait"])
+def test_filter_above_every_age_is_todays_run_bit_for_bit(strategy):
+    """A fixed lag with max_off_policy at the lag drops / waits for nothing: the run equals
+    the synchronous-lag run bit for bit (mismatch on, a difficulty-mixed prompt set)."""
+    from simkit.train.mismatch import Mismatch
+    from simkit.train.worlds import difficulty_prompts
+
+    env = difficulty_prompts(4, 5, ks=(1, 2, 3), seed=0)
+    base = dict(
+        estimator=grpo("tis_token"),
+        steps=9,
+        batch=24,
+        minibatches=3,
+        lag_updates=2,
+        lr=0.1,
+        mismatch=Mismatch(logit_noise=0.05, precision="bf16"),
+    )
+    today = train(env, TrainConfig(**base), seed=3)
+    filtered = train(
+        env,
+        TrainConfig(**base, max_off_policy=2, off_policy_strategy=strategy),
+        seed=3,
+    )
+    pd.testing.assert_frame_equal(filtered, today, check_exact=True)
+
+
+def test_loglinear_old_in_training():
+    """old_logp='loglinear': o = α·ℓ with α = a/(a + j + 1) from each token's age; on-policy
+    (N = 1, no lag, no mismatch) it is the recomputed π_old bit for bit (ℓ = o = 0)."""
+    from simkit.train.rollout import old_log_ratio_of
+
+    env = small_env()
+    composed = Estimator("ppo_clip", correction="tis_token", advantage="grpo", group_size=4)
+    on = dict(estimator=composed, steps=5, batch=16, lr=0.1)
+    a = train(env, TrainConfig(**on), seed=2)
+    b = train(env, TrainConfig(**on, old_logp="loglinear"), seed=2)
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
+    cfg = async_config(estimator=composed, old_logp="loglinear", partial_hazard=0.0)
+    (ro, _), *_ = _rollouts(env, cfg, seed=1, upto=3)[0][2:]
+    rows = slice(8, 16)  # mini-batch j = 1
+    mask = ro.mask[rows]
+    lr = np.where(mask, 0.3, 0.0)  # any log-ratio
+    age = ro.token_age[rows]
+    got = old_log_ratio_of(cfg, ro, rows, 1, lr, mask)
+    np.testing.assert_allclose(got, np.where(mask, age / (age + 2.0) * 0.3, 0.0), rtol=1e-15)
+    assert (age > 0).any()
+    recompute = old_log_ratio_of(async_config(), ro, rows, 1, lr, mask)
+    np.testing.assert_array_equal(
+        recompute, np.where(mask, ro.log_old_tok[rows] - ro.log_mu_tok[rows], 0.0)
+    )
+    assert train(env, cfg, seed=1).J.notna().any()
+
+
+def test_synchronous_config_dicts_are_unchanged():
+    d = TrainConfig(grpo("naive"), steps=3, batch=8).to_dict()
+    assert not {"lag_distribution", "partial_hazard", "max_off_policy"} & set(d)
+    assert TrainConfig.from_dict(async_config().to_dict()) == async_config()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"lag_distribution": "poisson", "lag_rollouts_max": 1}, "lag_distribution"),
+        ({"lag_distribution": "geometric"}, "lag_rollouts_max"),
+        ({"lag_rollouts_max": 2}, "lag_rollouts_max"),
+        ({"partial_hazard": 0.5}, "partial_hazard"),
+        ({"partial_hazard": 1.5}, "partial_hazard"),
+        ({"max_off_policy": 1, "lag_updates": 3}, "max_off_policy"),
+        ({"off_policy_strategy": "skip"}, "off_policy_strategy"),
+        ({"old_logp": "linear"}, "old_logp"),
+        (
+            {
+                "lag_distribution": "uniform",
+                "lag_rollouts_max": 1,
+                "partial_hazard": 0.2,
+                "max_off_policy": 1,
+                "off_policy_strategy": "wait",
+            },
+            "wait",
+        ),
+    ],
+)
+def test_bad_async_configs_name_the_field(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(grpo("naive"), steps=3, batch=8, **kwargs)
