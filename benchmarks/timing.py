@@ -18,3 +18,20 @@ def best_time(fn, repeats: int, clock=time.perf_counter) -> float:
         fn()
         times.append(clock() - start)
     return min(times)
+
+
+def interleaved_best(fn, baseline, repeats: int, clock=time.perf_counter) -> tuple[float, float]:
+    """(best time of ``fn()``, best time of ``baseline()``) over ``repeats`` rounds that each
+    time the baseline and then ``fn`` (seconds): both see the same load, so their ratio is
+    less disturbed by other jobs than that of two separate best-ofs."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    times, base = [], []
+    for _ in range(repeats):
+        start = clock()
+        baseline()
+        base.append(clock() - start)
+        start = clock()
+        fn()
+        times.append(clock() - start)
+    return min(times), min(base)
