@@ -1,7 +1,8 @@
 """Speed of the torch policy losses (``simkit.lm.losses``) for every mapping, CPU.
 
-    python benchmarks/bench_lm_losses.py [--small] [--n 256 --t 2048 --repeats 7 --ragged
-                                          --only a,b --threads K --device cpu --clock cpu]
+    python benchmarks/bench_lm_losses.py [--small] [--n 256 --t 2048 --repeats 30 --ragged
+                                          --only a,b --threads 1,2 --device cpu --clock auto
+                                          --malloc keep|default]
 
 Input: N×T float32 log-probabilities (log μ ~ −Exp(1), log π = log μ + N(0, 0.05²), a realistic
 train/inference mismatch scale) with ``requires_grad``, a mask of all ones (``--ragged``: each
@@ -10,20 +11,37 @@ run: the bare ``(log_prob - old_log_prob).exp().mul(advantages[:, None]).mean()`
 backward. For each mapping, ``--repeats`` interleaved rounds (baseline, forward, forward +
 backward, forward + backward without metrics) of ``policy_loss`` (validation, loss and every
 metric included), and the ratio of the best forward + backward time to the best baseline time
-(target: <= 3x; best-of timings, as the other benchmarks, because a loaded machine only adds
-time; the median of the per-round ratios is recorded too). ``--small`` is 32×256 (a smoke run).
-``--clock cpu`` (with ``--threads 1``, CPU only) times each call by the calling thread's CPU
-time (``time.thread_time``) instead of wall time: on a machine shared with other jobs the wall
-time of a call also counts the other processes' time slices — more often the longer the call,
-which inflates the ratios of the slower losses — while its CPU time does not (cache sharing
-with the other jobs still adds some).
-Results are printed as a table and written as JSON to ``benchmarks/results/bench_lm_losses.json``
-(git-ignored).
+of the same rounds (target: <= 3x; best-of timings, as the other benchmarks, because a loaded
+machine only adds time; the median of the per-round ratios is recorded too). The whole table
+is measured once per thread count of ``--threads`` (default 1 and 2).
+
+Trustworthy baseline (issue 28):
+
+- page faults: glibc returns freed blocks of >= 128 KiB to the system at once (they are
+  ``mmap``-ed), so every call would fault its (N, T) temporaries in again (1.5–1.7 ms of a
+  2 MB buffer on the development machine, more than the baseline itself). ``--malloc keep``
+  (the default) sets ``M_MMAP_THRESHOLD`` to 32 MiB and ``M_TRIM_THRESHOLD`` to 1 GiB with
+  ``mallopt`` before any tensor is made, so freed buffers stay in the heap and are reused warm
+  (the same as running with ``MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824``);
+  ``--malloc default`` leaves glibc's settings. Every case also runs once before timing.
+- spread: the baseline is timed in every round of every mapping; the spread of its best-of
+  between mappings, (max − min) / median over the mappings, is reported per thread count
+  (target < 10 %), with the median baseline.
+- clock: ``--clock auto`` (default) times one thread by its CPU time (``time.thread_time``:
+  on a shared machine the wall time of a call also counts other processes' time slices, more
+  often the longer the call) and two threads by wall time; ``wall`` / ``cpu`` force one
+  (``cpu`` needs one thread).
+
+``--small`` is 32×256 (a smoke run). Every ratio is printed with its target and a ``[target]``
+line (``make bench`` repeats them in its summary). Results are written as JSON to
+``benchmarks/results/bench_lm_losses.json`` (git-ignored).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import json
 import platform
 import statistics
@@ -31,11 +49,35 @@ import time
 from pathlib import Path
 
 import torch
+from timing import report_target
 
 from simkit.lm import losses
 from simkit.mappings import mapping_class
 
 TARGET_RATIO = 3.0
+#: largest spread of the baseline's best-of between the mappings of one table
+TARGET_SPREAD = 0.10
+#: glibc mallopt parameters (malloc.h) and the values ``--malloc keep`` sets
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+MMAP_THRESHOLD, TRIM_THRESHOLD = 32 << 20, 1 << 30
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc keep freed blocks in the heap (no ``mmap`` per large allocation, no trim), so
+    that a loss's temporaries are reused warm instead of page-faulted in on every call. True
+    when both ``mallopt`` calls succeeded (False off glibc)."""
+    name = ctypes.util.find_library("c")
+    if not name:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
+        mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    )
 
 
 def median_time(fn, repeats: int, device: torch.device) -> float:
@@ -91,17 +133,25 @@ def main(argv=None) -> int:
     parser.add_argument("--n", type=int, default=256, help="sequences N (default 256)")
     parser.add_argument("--t", type=int, default=2048, help="tokens per sequence T (2048)")
     parser.add_argument("--small", action="store_true", help="32x256 smoke run")
-    parser.add_argument("--repeats", type=int, default=7, help="timings per case (median)")
+    parser.add_argument("--repeats", type=int, default=30, help="rounds per mapping (best of)")
     parser.add_argument("--ragged", action="store_true", help="ragged mask instead of all ones")
     parser.add_argument("--only", default="", help="comma-separated mapping names")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument(
+        "--threads", default="1,2", help="comma-separated torch thread counts (default 1,2)"
+    )
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--clock",
-        choices=("wall", "cpu"),
-        default="wall",
-        help="wall time, or the thread's CPU time (needs --threads 1 on the CPU)",
+        choices=("auto", "wall", "cpu"),
+        default="auto",
+        help="auto: CPU time on one thread, wall time otherwise; cpu needs one thread",
+    )
+    parser.add_argument(
+        "--malloc",
+        choices=("keep", "default"),
+        default="keep",
+        help="keep: glibc keeps freed memory (no page faults per call); default: untouched",
     )
     parser.add_argument(
         "--out", default=str(Path(__file__).resolve().parent / "results" / "bench_lm_losses.json")
@@ -109,14 +159,69 @@ def main(argv=None) -> int:
     args, _ = parser.parse_known_args(argv)  # run_all.py passes every script the same flags
     if args.small:
         args.n, args.t = 32, 256
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    malloc_kept = keep_freed_memory() if args.malloc == "keep" else False
     device = torch.device(args.device)
-    if args.clock == "cpu" and (torch.get_num_threads() != 1 or device.type != "cpu"):
+    threads = [int(k) for k in args.threads.split(",") if k]
+    if args.clock == "cpu" and (threads != [1] or device.type != "cpu"):
         parser.error("--clock cpu needs --threads 1 and --device cpu (one thread's CPU time)")
-    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
 
     log_prob, old, advantages, mask = make_batch(args.n, args.t, args.ragged, args.seed, device)
+    names = [s for s in args.only.split(",") if s] or losses.available()
+    tables = []
+    for k in threads:
+        torch.set_num_threads(k)
+        cpu_clock = args.clock == "cpu" or (
+            args.clock == "auto" and k == 1 and device.type == "cpu"
+        )
+        tables.append(
+            measure(
+                names, log_prob, old, advantages, mask, args.repeats, device, cpu_clock, malloc_kept
+            )
+        )
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        json.dumps(
+            {
+                "benchmark": "bench_lm_losses",
+                "n": args.n,
+                "t": args.t,
+                "ragged": args.ragged,
+                "repeats": args.repeats,
+                "device": str(device),
+                "malloc_keep_freed": malloc_kept,
+                "torch": torch.__version__,
+                "python": platform.python_version(),
+                "machine": platform.processor() or platform.machine(),
+                "target_ratio": TARGET_RATIO,
+                "target_baseline_spread": TARGET_SPREAD,
+                "tables": tables,
+            },
+            indent=2,
+        )
+    )
+    print(f"written {out}")
+    for table in tables:
+        k = table["threads"]
+        report_target(
+            f"baseline spread between mappings, {k} thread(s)",
+            100 * table["baseline_spread"],
+            100 * TARGET_SPREAD,
+            "%",
+        )
+        for row in table["results"]:
+            report_target(
+                f"{row['mapping']} fwd+bwd+metrics / bare ratio, {k} thread(s)",
+                row["ratio_to_baseline"],
+                TARGET_RATIO,
+            )
+    return 0
+
+
+def measure(names, log_prob, old, advantages, mask, repeats, device, cpu_clock, malloc_kept):
+    """One table: every mapping's interleaved rounds at the current torch thread count."""
+    clock = time.thread_time if cpu_clock else time.perf_counter
     tokens = log_prob.numel()
 
     def baseline():
@@ -126,13 +231,14 @@ def main(argv=None) -> int:
     def baseline_forward():
         (log_prob - old).exp().mul(advantages[:, None]).mean()
 
-    names = [s for s in args.only.split(",") if s] or losses.available()
     print(
-        f"N={args.n} T={args.t} ({tokens / 1e6:.2f}M tokens, float32, {device}, "
-        f"{torch.get_num_threads()} threads), mask {'ragged' if args.ragged else 'all ones'}, "
-        f"best of {args.repeats} interleaved rounds, {args.clock} clock"
+        f"\nN={log_prob.shape[0]} T={log_prob.shape[1]} ({tokens / 1e6:.2f}M tokens, float32, "
+        f"{device}, {torch.get_num_threads()} threads), mask "
+        f"{'all ones' if bool(mask.all()) else 'ragged'}, best of {repeats} interleaved rounds, "
+        f"{'CPU' if cpu_clock else 'wall'} clock, freed memory "
+        f"{'kept by malloc' if malloc_kept else 'returned to the system (glibc default)'}"
     )
-    base_fwd = median_time(baseline_forward, args.repeats, device)
+    base_fwd = median_time(baseline_forward, repeats, device)
     print(f"baseline forward only: {base_fwd * 1e3:.2f} ms")
     print(
         f"{'mapping':<12} {'form':<10} {'level':<9} {'base ms':>8} {'fwd ms':>8} "
@@ -157,7 +263,7 @@ def main(argv=None) -> int:
             "full": forward_backward,
             "loss": lambda name=name: forward_backward(name, metrics=False),
         }
-        t = interleaved_times(cases, args.repeats, device, clock)
+        t = interleaved_times(cases, repeats, device, clock)
         med = {k: min(v) for k, v in t.items()}  # best of the rounds
         ratio = med["full"] / med["base"]
         ratio_loss = med["loss"] / med["base"]
@@ -188,34 +294,24 @@ def main(argv=None) -> int:
                 "within_target": ok,
             }
         )
-
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "benchmark": "bench_lm_losses",
-                "n": args.n,
-                "t": args.t,
-                "ragged": args.ragged,
-                "repeats": args.repeats,
-                "device": str(device),
-                "threads": torch.get_num_threads(),
-                "clock": args.clock,
-                "torch": torch.__version__,
-                "python": platform.python_version(),
-                "machine": platform.processor() or platform.machine(),
-                "baseline_forward_seconds": base_fwd,
-                "target_ratio": TARGET_RATIO,
-                "results": rows,
-            },
-            indent=2,
-        )
+    bases = [row["baseline_seconds"] for row in rows]
+    median_base = statistics.median(bases) if bases else float("nan")
+    spread = (max(bases) - min(bases)) / median_base if bases else float("nan")
+    print(
+        f"baseline best-of over the {len(bases)} mappings: median {median_base * 1e3:.3f} ms, "
+        f"range {min(bases) * 1e3:.3f}-{max(bases) * 1e3:.3f} ms, spread {100 * spread:.1f} % "
+        f"(target < {100 * TARGET_SPREAD:.0f} %)"
     )
-    print(f"written {out}")
     if failures:
         print(f"above {TARGET_RATIO:g}x the baseline: {', '.join(failures)}")
-    return 0
+    return {
+        "threads": torch.get_num_threads(),
+        "clock": "cpu" if cpu_clock else "wall",
+        "baseline_forward_seconds": base_fwd,
+        "baseline_median_seconds": median_base,
+        "baseline_spread": spread,
+        "results": rows,
+    }
 
 
 if __name__ == "__main__":
