@@ -158,8 +158,8 @@ def _stream(lr, m, lp, dev, mean_lp, kernel, visit) -> np.ndarray | None:
     rows)`` as in :func:`~simkit.mappings.base.map_blocks`, 0 on padding; skipped when
     ``kernel`` is None), then cov = (A − mean A)·(log π − mean log π) of the block (valid
     tokens; padding holds whatever the same formula gives there) handed to
-    ``visit(start, cov, mask_block, full)`` (``full``: no padding in the block). Returns c
-    (N, T) or None."""
+    ``visit(start, cov, padding)`` (``padding``: the block's ~mask, None when it has no
+    padding). Returns c (N, T) or None."""
     N, T = lr.shape
     rows = _block_rows(T)
     c = np.empty((N, T)) if kernel is not None else None
@@ -169,17 +169,17 @@ def _stream(lr, m, lp, dev, mean_lp, kernel, visit) -> np.ndarray | None:
         for start in range(0, N, rows):
             stop = min(start + rows, N)
             mb = m[start:stop]
-            full = bool(mb.all())
+            pad = None if mb.all() else ~mb
             if kernel is not None:
                 out = c[start:stop]
                 kernel(lr[start:stop], out, tmp[: stop - start], slice(start, stop))
-                if not full:
-                    np.copyto(out, 0.0, where=~mb)
+                if pad is not None:
+                    np.copyto(out, 0.0, where=pad)
             if dev is not None:
                 cv = cov[: stop - start]
                 np.subtract(lp[start:stop], mean_lp, out=cv)
                 np.multiply(dev[start:stop, None], cv, out=cv)
-                visit(start, cv, mb, full)
+                visit(start, cv, pad)
     return c
 
 
@@ -235,9 +235,9 @@ class _ClipCovCandidates:
         self.hits: list[np.ndarray] = []
         self.nonfinite = 0
 
-    def __call__(self, start, cv, mb, full):
-        if not full:
-            np.copyto(cv, self.lb, where=~mb)
+    def __call__(self, start, cv, pad):
+        if pad is not None:
+            np.copyto(cv, self.lb, where=pad)
         if not cv.max() <= self.lb:  # some cov > lb, or a NaN
             hit = np.flatnonzero((cv > self.lb) & (cv < self.ub))
             if hit.size:
@@ -255,9 +255,9 @@ class _GroupMaxima:
         groups = -(-N // GROUP_ROWS)
         self.maxima = np.empty((groups, T))
 
-    def __call__(self, start, cv, mb, full):
-        if not full:
-            np.copyto(cv, -np.inf, where=~mb)
+    def __call__(self, start, cv, pad):
+        if pad is not None:
+            np.copyto(cv, -np.inf, where=pad)
         r = cv.shape[0]
         g0 = start // GROUP_ROWS
         q = r // GROUP_ROWS
