@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from timing import report_target
+
 ROOT = Path(__file__).resolve().parents[1]
 LINE = re.compile(
     r"\[\d+/\d+\] (?P<name>\S+) \.\.\. done \((?:computed in (?P<compute>[\d.]+) s, drawn in "
@@ -93,6 +95,9 @@ def main(argv=None) -> int:
         f"{result['parallel_speedup']}×), warm {warm:.1f} s ({result['cold_over_warm']}× faster)"
         + ("" if args.small else "; targets: cold < 600 s, warm < 30 s")
     )
+    if not args.small:
+        report_target("make figures cold (2 cores)", cold, 600, "s")
+        report_target("make figures warm (2 cores)", warm, 30, "s")
     results = ROOT / "benchmarks" / "results"
     results.mkdir(parents=True, exist_ok=True)
     path = results / f"bench_figures{'_small' if args.small else ''}.json"

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import best_time
+from timing import best_time, report_target
 
 from simkit.lm import exact, models
 
@@ -55,6 +55,7 @@ def bench(name, model, prompt, k, T, repeats, eos=None) -> dict:
         f"{out['speedup']:.1f}x (max |Δ log π| {out['max_abs_diff']:.1e})",
         flush=True,
     )
+    report_target(f"{name} k={k} T={T} tree batched / one node", out["speedup"], 10.0, above=True)
     return out
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 from scipy.special import softmax
 from threadpoolctl import threadpool_limits
-from timing import best_time
+from timing import best_time, report_target
 
 from simkit import mappings
 from simkit.envs import TokenMDP
@@ -87,6 +87,15 @@ def main(argv=None) -> int:
             f"  {key}: {results[key]:.3f} s wall, {cpu[key]:.3f} s CPU = "
             f"{ratios[key]['wall']:.2f} x (wall) / {ratios[key]['cpu']:.2f} x (CPU) the untied DP"
         )
+    report_target(
+        "J + grad_J + chi2_seq (wall, one core)", results["J + grad_J + chi2_seq"], 1.0, "s"
+    )
+    for name in tied:
+        key = f"moments {name} (mean + var)"
+        report_target(f"{key} (CPU, one core)", cpu[key], 2.0, "s")
+    for name in tied:
+        key = f"tied_moments {name} (mean + var)"
+        report_target(f"{key} (CPU, one core)", cpu[key], 5.0, "s")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(

@@ -37,7 +37,7 @@ import platform
 from pathlib import Path
 
 import numpy as np
-from timing import best_time
+from timing import best_time, report_target
 
 from simkit.envs import TokenMDP, accumulate_tokens, sample_tokens
 from simkit.sweep import run_config, single_threaded_blas
@@ -171,6 +171,9 @@ def main(argv=None) -> int:
     for name, est in estimates.items():
         worst = max(est.values())
         verdict = "meets" if worst < TARGET_MINUTES else "MISSES"
+        report_target(
+            f"staleness_curves grid, {name.replace('_', ' ')}", worst, TARGET_MINUTES, "min"
+        )
         print(
             f"64 runs x 1000 steps on 2 cores, {name.replace('_', ' ')}: "
             f"{est['measured_speedup']:.1f} min at the measured speed-up, "
@@ -238,6 +241,7 @@ def issue16(env, est, args) -> dict:
         "runs": runs * len(collapse_regimes.cells(cr)),
         "minutes_on_2_cores_ideal": minutes,
     }
+    report_target("collapse_regimes grid on 2 cores at 2 x", minutes, TARGET_MINUTES, "min")
     print(
         f"collapse_regimes grid: {runs * len(collapse_regimes.cells(cr))} runs x {cr.steps} "
         "steps; steps/s by N "

@@ -164,10 +164,11 @@ def test_cuda_run_is_reproducible_and_resumes(tmp_path):
 
 def test_exact_presence_J_equals_the_enumeration_of_every_response():
     """J(π) by the target-free responses = Σ over all V^T responses of π(y|x)·1{target ∈ y},
-    the probabilities written here from one forward pass per full response (V = 8, T = 3). The
-    model runs in float64 but transformers' LlamaRMSNorm normalises in float32, so forward
-    passes of other batch shapes differ by ~1e-9 relative: tolerance 1e-7 (a wrong response
-    set or a shifted position moves J by > 1e-3)."""
+    the probabilities written here from a forward pass of every full response (V = 8, T = 3;
+    the 512 responses of a prompt as the rows of one batch). The model runs in float64 but
+    transformers' LlamaRMSNorm normalises in float32, so forward passes of other batch shapes
+    differ by ~1e-9 relative: tolerance 1e-7 (a wrong response set or a shifted position moves
+    J by > 1e-3)."""
     import itertools
 
     from simkit.lm.tasks import TokenTask
@@ -175,14 +176,15 @@ def test_exact_presence_J_equals_the_enumeration_of_every_response():
 
     m = model().double()
     prompts = TokenTask(8, 1, 3, 3, seed=1).prompt_ids()
+    responses = torch.tensor(list(itertools.product(range(8), repeat=3)))  # (512, 3)
     total = 0.0
     with torch.no_grad():
         for x in prompts:
-            for y in itertools.product(range(8), repeat=3):
-                ids = torch.tensor([[*x, *y]])
-                lp = torch.log_softmax(m(ids).logits[0].double(), dim=-1)
-                logp = sum(float(lp[len(x) - 1 + t, y[t]]) for t in range(3))
-                total += (1 in y) * float(torch.tensor(logp).exp())
+            ids = torch.cat([torch.tensor(x).expand(len(responses), -1), responses], dim=1)
+            lp = torch.log_softmax(m(ids).logits.double(), dim=-1)  # (512, len(x) + 3, V)
+            at = lp[:, len(x) - 1 : len(x) + 2]  # the positions that predict y_1, y_2, y_3
+            logp = at.gather(2, responses[:, :, None])[..., 0].sum(dim=1)
+            total += float((logp.exp() * (responses == 1).any(dim=1)).sum())
     expected = total / len(prompts)
     assert exact_presence_J(m, prompts, 1, 3) == pytest.approx(expected, rel=1e-7, abs=0)
 

@@ -291,13 +291,19 @@ def source_hash(path: Path) -> str:
 
 
 def code_hash(name: str, root: Path = PACKAGE_ROOT) -> str:
-    """SHA-256 over :func:`source_hash` of module ``name`` and of all its :func:`dependencies`."""
-    return modules_hash(dependencies(name, root), root)
+    """SHA-256 over :func:`source_hash` of module ``name`` and of all its :func:`dependencies`
+    (``modules_hash(dependencies(name))``: the dependencies are already closed under import,
+    so they are hashed without walking the imports of each of them again)."""
+    return _closure_hash(dependencies(name, root), root)
 
 
 def modules_hash(modules, root: Path = PACKAGE_ROOT) -> str:
     """SHA-256 over the :func:`source_hash` of each of ``modules`` and their dependencies."""
-    closure = sorted({d for m in modules for d in dependencies(m, root)})
+    return _closure_hash(sorted({d for m in modules for d in dependencies(m, root)}), root)
+
+
+def _closure_hash(closure, root: Path) -> str:
+    """SHA-256 over ``module:source hash`` lines of the sorted modules ``closure``."""
     h = hashlib.sha256()
     for module in closure:
         h.update(f"{module}:{source_hash(module_file(module, root))}\n".encode())

@@ -392,10 +392,12 @@ def band_zeroing(lo: np.ndarray, hi: np.ndarray):
         flags = np.empty(lr.shape, dtype=bool)
         if check_hi:
             np.greater(lr, hi[rows, None], out=flags)
-            np.copyto(out, 0.0, where=flags)
+            if flags.any():  # a masked copy costs more than the test
+                np.copyto(out, 0.0, where=flags)
         if check_lo:
             np.less(lr, lo[rows, None], out=flags)
-            np.copyto(out, 0.0, where=flags)
+            if flags.any():
+                np.copyto(out, 0.0, where=flags)
 
     return zero_outside
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from simkit._validation import check_batch
 from simkit.mappings.base import (
+    BLOCK_ELEMENTS,
     DEFAULT_MAX_LOG_RATIO,
     Mapping,
     ScalarMapping,
@@ -207,27 +208,59 @@ class M2PO(Mapping):
     def masked_tokens(self, log_ratio, mask, advantages) -> np.ndarray:
         """The M2PO mask: True where a token is removed, (N, T) bool (Algorithm 1)."""
         lr, m, adv = check_batch(log_ratio, mask, advantages)
-        removed = self._removed(lr, m, adv)
+        total, n = self._stream(lr, m, adv, None)
+        removed = self._removed(lr, m, adv, total, n)
         return np.zeros(lr.shape, dtype=bool) if removed is None else removed
 
     def _second_moment(self, log_ratio, mask, advantages) -> tuple[float, int]:
-        """Σ (log r)² and the number of candidate tokens, computed over row blocks."""
+        """Σ (log r)² over the candidate tokens and their number."""
+        return self._stream(log_ratio, mask, advantages, None)
+
+    def _stream(self, log_ratio, mask, advantages, out) -> tuple[float, int]:
+        """One pass over row blocks: Σ (log r)² over the candidates and their number, and,
+        when ``out`` (N, T) is given, c = exp(min(log r, ``max_log_ratio``)) (0 on padding)
+        written into it. The sum adds the blocks' pairwise sums of (log r)²·1[candidate]."""
         N, T = log_ratio.shape
-        pos = positive_rows(advantages)
-        rows = max(1, (1 << 16) // max(T, 1))
+        rows = max(1, BLOCK_ELEMENTS // max(T, 1))
+        sign = np.where(positive_rows(advantages), 1.0, -1.0)
+        size = (min(rows, N), T)
+        tmp, flags = np.empty(size), np.empty(size, dtype=bool)
         total, count = 0.0, 0
         for start in range(0, N, rows):
             stop = min(start + rows, N)
-            cand = self._candidates(log_ratio[start:stop], mask[start:stop], pos[start:stop])
+            lr, mb, r = log_ratio[start:stop], mask[start:stop], stop - start
+            full = bool(mb.all())
+            if out is not None:
+                block = out[start:stop]
+                if lr.max(initial=-np.inf) > self.max_log_ratio:
+                    np.minimum(lr, self.max_log_ratio, out=block)
+                    np.exp(block, out=block)
+                else:  # exp(min(log r, cap)) without the minimum
+                    np.exp(lr, out=block)
+                if not full:
+                    np.copyto(block, 0.0, where=~mb)
+            sq, cand = tmp[:r], flags[:r]
             with np.errstate(over="ignore"):  # (log r)² of absurd padding values
-                squares = np.square(log_ratio[start:stop])
-            total += float(np.add.reduce(squares, axis=None, where=cand, initial=0.0))
+                if self.trust_region_only:
+                    # x = ±log r (the row's sign of A): a candidate iff x > 0, and
+                    # max(x, 0)² is (log r)² there and 0 elsewhere
+                    np.multiply(lr, sign[start:stop, None], out=sq)
+                    np.greater(sq, 0.0, out=cand)
+                    np.maximum(sq, 0.0, out=sq)
+                    np.square(sq, out=sq)
+                else:
+                    np.square(lr, out=sq)
+                    cand[...] = True
+            if not full:
+                cand &= mb
+                np.copyto(sq, 0.0, where=~mb)
+            total += float(sq.sum())
             count += int(np.count_nonzero(cand))
         return total, count
 
-    def _removed(self, log_ratio, mask, advantages) -> np.ndarray | None:
-        """The removed tokens (N, T) bool, or None when nothing is removed."""
-        total, n = self._second_moment(log_ratio, mask, advantages)
+    def _removed(self, log_ratio, mask, advantages, total, n) -> np.ndarray | None:
+        """The removed tokens (N, T) bool, or None when nothing is removed, given Σ (log r)²
+        over the candidates (``total``) and their number ``n``."""
         if n == 0 or total <= self.tau * n:
             return None
         removed = np.zeros(log_ratio.shape, dtype=bool)
@@ -244,16 +277,12 @@ class M2PO(Mapping):
         return removed
 
     def _coefficients(self, log_ratio, mask, advantages):
-        removed = self._removed(log_ratio, mask, advantages)
-        cap = self.max_log_ratio
-
-        def kernel(lr, out, tmp, rows):
-            np.minimum(lr, cap, out=out)
-            np.exp(out, out=out)
-            if removed is not None:
-                np.copyto(out, 0.0, where=removed[rows])
-
-        return map_blocks(log_ratio, mask, kernel)
+        c = np.empty(log_ratio.shape)
+        total, n = self._stream(log_ratio, mask, advantages, c)
+        removed = self._removed(log_ratio, mask, advantages, total, n)
+        if removed is not None:
+            c[removed] = 0.0
+        return c
 
 
 def _smallest_removal(values: np.ndarray, total: float, tau: float) -> tuple[int, float]:
