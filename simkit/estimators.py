@@ -401,7 +401,8 @@ class Estimator:
         ``correction`` (:mod:`simkit.composition`; ignored without one). ``rng``: the Generator
         of a stochastic mapping (default ``default_rng(seed)``, one per call). ``log_prob``
         (L..., N, T) = log π, for mappings that read it (clip_cov, kl_cov; without it they use
-        the log-ratio, see :mod:`simkit.mappings.covariance`).
+        the log-ratio, see :mod:`simkit.mappings.covariance`) or need it (``requires_log_prob``:
+        dppo_tv, dppo_kl, gepo).
         """
         stochastic = self.mapping.stochastic or (
             self.correction is not None and self.correction.stochastic
@@ -464,6 +465,19 @@ class Estimator:
         )
         return c.reshape(lr.shape)
 
+    def additive_terms(self, log_ratio, mask, log_prob=None) -> np.ndarray | None:
+        """The mapping's additive per-token term b (L..., N, T) (DRO's −β·log r_t; see
+        :mod:`simkit.mappings.base`), or None when it has none. A composed estimator with such
+        a mapping is refused (:func:`simkit.composition.check_correction`)."""
+        if not self.mapping.has_additive:
+            return None
+        lr = np.asarray(log_ratio, dtype=np.float64)
+        m = np.asarray(mask, dtype=bool)
+        T = lr.shape[-1]
+        lp = None if log_prob is None else np.asarray(log_prob, dtype=np.float64).reshape(-1, T)
+        b = self.mapping.additive(lr.reshape(-1, T), m.reshape(-1, T), log_prob=lp)
+        return b.reshape(lr.shape)
+
     def token_weights(
         self,
         log_ratio,
@@ -473,14 +487,16 @@ class Estimator:
         return_coefficients=False,
         old_log_ratio=None,
         rng=None,
+        log_prob=None,
     ):
-        """Per-token weights λ = c · A / Z of shape (L..., N, T).
+        """Per-token weights λ = (c · A + b) / Z of shape (L..., N, T).
 
         ``log_ratio``, ``mask`` (L..., N, T); ``rewards`` (L..., N); ``J`` the exact baseline of
         the oracle advantages (J(μ) for ``oracle``, J(π) for ``oracle_pi``, see
         :meth:`baseline`; ignored by the others). The gradient estimate is then
         ``env.accumulate(actions, λ)``. With ``return_coefficients=True`` returns ``(λ, c)``.
-        ``old_log_ratio``, ``rng``: see :meth:`coefficients`.
+        ``old_log_ratio``, ``rng``, ``log_prob``: see :meth:`coefficients`; b is the mapping's
+        additive term (:meth:`additive_terms`; 0 for most mappings).
         """
         lr = np.asarray(log_ratio, dtype=np.float64)
         R = np.asarray(rewards, dtype=np.float64)
@@ -493,8 +509,14 @@ class Estimator:
         adv = self.advantages(R, J)
         if self.correction is None:
             old_log_ratio = None
-        c = self.coefficients(lr, mask, adv, old_log_ratio=old_log_ratio, rng=rng)
-        lam = c * adv[..., None] * self.kept_weights(lr, mask, adv, old_log_ratio)
+        c = self.coefficients(
+            lr, mask, adv, old_log_ratio=old_log_ratio, rng=rng, log_prob=log_prob
+        )
+        weights = self.kept_weights(lr, mask, adv, old_log_ratio)
+        lam = c * adv[..., None] * weights
+        b = self.additive_terms(lr, mask, log_prob)
+        if b is not None:
+            lam += b * weights
         return (lam, c) if return_coefficients else lam
 
     def gradient(self, env, batch) -> np.ndarray:

@@ -108,14 +108,28 @@ def exact_moments(
     atoms = env.support(mu, baseline)
     mask = np.asarray(atoms.mask, dtype=bool)  # (M, T)
     old_lr = old_log_ratio_of(env, old, mu, atoms)
-    c = est.coefficients(atoms.log_ratio, mask, atoms.advantage_sign, old_log_ratio=old_lr)
+    log_prob = legs.log_prob_for(est, env, atoms)  # log π of each token (DPPO, GEPO)
+    c = est.coefficients(
+        atoms.log_ratio, mask, atoms.advantage_sign, old_log_ratio=old_lr, log_prob=log_prob
+    )
     check_finite_coefficients(est, c, mask, "tokens of the support")
-    per_token = c * _atom_weights(est, atoms, mask, old_lr)  # c_t·a_t, (M, T)
+    weights = _atom_weights(est, atoms, mask, old_lr)
+    per_token = c * weights  # c_t·a_t, (M, T)
     first = env.accumulate(atoms.actions, per_token * atoms.adv_first[:, None])  # E h, (D,)
+    b = est.additive_terms(atoms.log_ratio, mask, log_prob)
+    if b is not None:  # h = A·u + v, v = Σ_t b_t a_t ∇log π: E h gains Σ_atoms P(atom)·v
+        extra = b * weights
+        first = first + env.accumulate(atoms.actions, extra * atoms.prob[:, None])
     if params == "tied":
         first = tie(first, env.T)
     norms = _atom_score_norms_sq(env, atoms.actions, per_token, params)
     second = float(np.sum(atoms.adv_second * norms))
+    if b is not None:
+        # E‖h‖² = Σ_atoms E[A²1]‖u‖² + 2·E[A·1]·u·v + P(atom)·‖v‖², u·v from three norms
+        norms_v = _atom_score_norms_sq(env, atoms.actions, extra, params)
+        norms_uv = _atom_score_norms_sq(env, atoms.actions, per_token + extra, params)
+        cross = 0.5 * (norms_uv - norms - norms_v)
+        second += float(np.sum(2.0 * atoms.adv_first * cross + atoms.prob * norms_v))
     var_one = max(second - float(first @ first), 0.0)
     abs_c = np.abs(c) * mask
     mean_length = float(atoms.prob @ mask.sum(axis=1))

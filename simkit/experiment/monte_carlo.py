@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simkit import reliability
+from simkit import legs, reliability
 from simkit.estimators import ORACLE_ADVANTAGES, Estimator, as_estimator
 from simkit.experiment.exact import check_finite_coefficients, oracle_baseline
 from simkit.experiment.metrics import best_scale, cosine, snr
@@ -51,6 +51,7 @@ def sample_gradients(env, batch, estimator, old_log_ratio=None, rng=None) -> Mon
         return_coefficients=True,
         old_log_ratio=old_log_ratio,
         rng=rng,
+        log_prob=legs.log_prob_for(est, env, batch),
     )
     mask = np.asarray(batch.mask, dtype=bool)
     check_finite_coefficients(est, c, mask, f"of {int(mask.sum())} drawn tokens")
