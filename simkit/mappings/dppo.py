@@ -55,8 +55,8 @@ BINARY_KL_EPS = 1e-8
 def binary_kl(log_p: np.ndarray, log_q: np.ndarray, eps: float = BINARY_KL_EPS) -> np.ndarray:
     """q·(log q − log p) + (1 − q)·log((1 − q + ε)/(1 − p + ε)) (verl's DPPO-Binary-KL), any
     broadcastable shapes; 1 − p computed as −expm1(log p) (no cancellation near p = 0)."""
-    q = np.exp(log_q)
-    with np.errstate(invalid="ignore", divide="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        q = np.exp(log_q)
         first = np.where(q > 0, q * (log_q - log_p), 0.0)
         second = (1.0 - q) * np.log((-np.expm1(log_q) + eps) / (-np.expm1(log_p) + eps))
     return first + second
@@ -70,7 +70,8 @@ def dppo_coefficient(log_p, log_q, positive, divergence, eps_low, eps_high, c, c
     r = np.exp(np.clip(lr, -clamp, clamp))
     if math.isfinite(c):
         np.minimum(r, c, out=r)
-    p, q = np.exp(log_p), np.exp(log_q)
+    with np.errstate(over="ignore"):  # log π > 709 (not a log-probability) gives p = inf
+        p, q = np.exp(log_p), np.exp(log_q)
     if divergence == "tv":
         diff = p - q
         kept = np.where(positive, diff <= eps_high, diff >= -eps_low)
