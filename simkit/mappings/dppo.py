@@ -167,7 +167,15 @@ _SKYRL = {"c": math.inf}
 @register
 @dataclass(frozen=True)
 class DPPOBinaryTV(DPPO):
-    """DPPO-Binary-TV: kept iff p − q ≤ ε_high (A ≥ 0) or p − q ≥ −ε_low (A < 0)."""
+    """DPPO-Binary-TV: c_t = min(r_t, C)·1[p − q ≤ ε_high] (A ≥ 0), min(r_t, C)·1[p − q ≥ −ε_low]
+    (A < 0), with p = π(y_t|s_t), q = μ(y_t|s_t); b_t = −β·log r_t.
+
+    DPPO (arXiv 2602.04879, Eq. 13), verl ``compute_policy_loss_dppo_tv``
+    (``verl/trainer/ppo/core_algos.py`` @ 1dda039). Defaults ε = 0.2/0.2, C = 3 (verl's
+    ``clip_ratio_c``), β = 0, log r clamped to ±20; presets ``verl`` (C = 3), ``verl_fallback``
+    (C = 20), ``skyrl`` (C = ∞) and ``prime_rl`` (C = ∞, β = 2·kl_tau = 2e-3). Needs
+    ``log_prob`` (module docstring); on-policy p = q ⇒ c = 1.
+    """
 
     eps_low: float = 0.2
     eps_high: float = 0.2
@@ -190,8 +198,15 @@ class DPPOBinaryTV(DPPO):
 @register
 @dataclass(frozen=True)
 class DPPOBinaryKL(DPPO):
-    """DPPO-Binary-KL: kept iff KL_bin ≤ ε_high or p ≤ q (A ≥ 0), KL_bin ≤ ε_low or p ≥ q
-    (A < 0)."""
+    """DPPO-Binary-KL: c_t = min(r_t, C)·1[KL_bin ≤ ε_high ∨ p ≤ q] (A ≥ 0),
+    min(r_t, C)·1[KL_bin ≤ ε_low ∨ p ≥ q] (A < 0), KL_bin = q·log(q/p) +
+    (1 − q)·log((1 − q + ε)/(1 − p + ε)); b_t = −β·log r_t.
+
+    DPPO (arXiv 2602.04879, Eq. 14), verl ``compute_policy_loss_dppo_kl``
+    (``verl/trainer/ppo/core_algos.py`` @ 1dda039; ε = ``kl_eps`` = 1e-8). Defaults ε = 0.2/0.2
+    (the paper suggests 0.05 for KL), C = 3; presets ``verl``, ``verl_fallback`` (C = 20),
+    ``skyrl`` (C = ∞). Needs ``log_prob``; on-policy p = q ⇒ c = 1.
+    """
 
     eps_low: float = 0.2
     eps_high: float = 0.2
