@@ -404,3 +404,32 @@ def test_exact_moments_with_the_additive_term_match_monte_carlo():
     for col in ("bias", "variance", "mse"):
         lo, hi = mc.loc[0, f"{col}_lo"], mc.loc[0, f"{col}_hi"]
         assert lo <= rows.loc["dro", col] <= hi, (col, lo, rows.loc["dro", col], hi)
+
+
+@pytest.mark.parametrize("name", ["dppo_tv", "dppo_kl"])
+def test_decoupled_dppo_acts_on_pi_and_pi_old_in_numpy_and_torch(name):
+    """verl's decoupled mode: DPPO on π/π_old (its gate on π − π_old) × the rollout correction
+    on π_old/μ; numpy (Estimator) and torch (policy_loss with rollout_log_prob) agree."""
+    log_old, lp, mask, adv = _inputs(10, spread=0.8)
+    rng = np.random.default_rng(3)
+    log_mu = log_old + np.minimum(rng.normal(0, 0.3, lp.shape), 0.0)  # μ ≤ π_old: a valid law
+    m = mappings.get(name, eps_low=0.1, eps_high=0.1)
+    est = Estimator(m, correction="tis_token")
+    c = est.coefficients(lp - log_mu, mask, adv, old_log_ratio=log_old - log_mu, log_prob=lp)
+    stale = m.coefficients(lp - log_old, mask, adv, log_prob=lp)
+    infer = mappings.get("tis_token").coefficients(log_old - log_mu, mask, adv)
+    np.testing.assert_allclose(c, stale * infer, rtol=1e-14)
+    assert (stale[mask] == 0).any()
+    x = torch.tensor(lp, requires_grad=True)
+    loss, _ = losses.policy_loss(
+        m,
+        x,
+        torch.tensor(log_old),
+        torch.tensor(adv),
+        torch.tensor(mask),
+        correction="tis_token",
+        rollout_log_prob=torch.tensor(log_mu),
+    )
+    loss.backward()
+    expected = -c * adv[:, None] * aggregation_weights(mask, "token-mean")
+    np.testing.assert_allclose(x.grad.numpy(), expected, atol=TOL)

@@ -130,11 +130,11 @@ def estimator_token_weights(
 
     ``loss_path="torch"``: λ = −∂loss/∂log_prob of :func:`simkit.lm.losses.policy_loss` (the
     trainer's loss, autograd in float64); ``"numpy"``: λ = (c·A + b)/Z of
-    :meth:`simkit.estimators.Estimator.token_weights` (b the additive term of dro). The two agree (the losses' registry
-    consistency test). c always comes from the numpy registry (for ESS and k̂). Inputs are numpy
-    arrays: ``log_prob`` = log π, ``old_log_prob`` = log μ of the sampled tokens, ``mask``
-    (N, T) bool, ``rewards`` (N,), ``J`` the baseline of the ``oracle`` advantage. Leading
-    batch axes (L..., N, T) are independent batches.
+    :meth:`simkit.estimators.Estimator.token_weights` (b the additive term of dro). The two
+    agree (the losses' registry consistency test). c always comes from the numpy registry (for
+    ESS and k̂). Inputs are numpy arrays: ``log_prob`` = log π, ``old_log_prob`` = log μ of the
+    sampled tokens, ``mask`` (N, T) bool, ``rewards`` (N,), ``J`` the baseline of the ``oracle``
+    advantage. Leading batch axes (L..., N, T) are independent batches.
     """
     est = as_estimator(estimator)
     if loss_path not in LOSS_PATHS:

@@ -246,8 +246,11 @@ def optimizer_step(
     log_ratio = np.where(mask, log_pi.take(ro.flat_index[rows]) - ro.log_mu_tok[rows], 0.0)
     est = config.estimator
     adv = ro.advantages[rows]
-    # log π of the drawn tokens, for the mappings that read it (DPPO, GEPO)
-    lp = np.where(mask, log_pi.take(ro.flat_index[rows]), 0.0)
+    # log π of the drawn tokens, for the mappings that need it (DPPO, GEPO; clip_cov and kl_cov
+    # keep their log-ratio stand-in, as on the experiment's paths)
+    lp = None
+    if est.mapping.requires_log_prob:
+        lp = np.where(mask, log_pi.take(ro.flat_index[rows]), 0.0)
     if getattr(est, "correction", None) is not None:  # a composed estimator: π/π_old × π_old/μ
         old_log_ratio = np.where(mask, ro.log_old_tok[rows] - ro.log_mu_tok[rows], 0.0)
         coef = est.coefficients(log_ratio, mask, adv, old_log_ratio=old_log_ratio, log_prob=lp)
