@@ -56,8 +56,11 @@ def target_log_prob(env, actions, mask, states=None) -> np.ndarray:
     """log π per token of a batch or support (shape of ``mask``), π the environment's target
     (``env.pi``); 0 on padding. The mappings that need log π itself (``requires_log_prob``:
     DPPO, GEPO) get it from here on the experiment's exact and Monte Carlo paths. Bandit
-    (T = 1): ``actions`` (L..., n); token MDP: ``actions``, ``states`` (L..., n, T)."""
+    (T = 1): ``actions`` (L..., n); token MDP: ``actions``, ``states`` (L..., n, T); an
+    environment with ``target_token_log_prob`` (the LM's leaves) answers itself."""
     m = np.asarray(mask, dtype=bool)
+    if hasattr(env, "target_token_log_prob"):  # the LM's enumerated leaves (edge ids)
+        return env.target_token_log_prob(actions, m, states)
     if states is None:  # bandit
         return np.where(m, _log(env.pi)[np.asarray(actions)][..., None], 0.0)
     return np.where(m, env._token_log_prob(env.pi, actions, m, states), 0.0)
