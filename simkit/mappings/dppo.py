@@ -24,6 +24,10 @@ default loss (``src/prime_rl/trainer/rl/loss.py`` at PrimeIntellect-ai/prime-rl 
 un-truncated ratio (C = ∞); prime-rl adds ``kl_tau·(log r)²`` (kl_tau = 1e-3), the additive
 term b_t = −β·log r_t with β = 2·kl_tau (:mod:`simkit.mappings.dro`), field ``beta``.
 
+Sign convention: simkit's A ≥ 0 rule picks the band of a row with A = 0; verl, SkyRL and
+prime-rl gate such a row with the A < 0 rule (``advantages > 0``). Its c·A is 0 either way
+(only the kept-token counts of A = 0 rows can differ).
+
 The coefficient needs p and q, not only r = p/q: ``requires_log_prob`` (the contract in
 :mod:`simkit.mappings.base`): ``coefficients(..., log_prob=log π)``, log q = log π − log r.
 It is still per token (c_t depends on the token's own log π and log μ only), so the exact path
