@@ -29,7 +29,7 @@
 # - read any policy loss as the weighted policy gradient
 #   g = (1/Z) Σ c·A·∇log π, and derive c from a surrogate F (c = r·F′(r)) or from a
 #   detached weight;
-# - find your way in simkit's registry: 30 mappings, the level they act at (token, sequence,
+# - find your way in simkit's registry: 37 mappings, the level they act at (token, sequence,
 #   batch), the ratio they read (r_t, W or s), their knobs and the presets of the libraries;
 # - draw f and φ of every mapping for A > 0 and A < 0, turn their knobs with widgets, and
 #   tell masks (φ drops to 0) from truncations (φ saturates) and smooth reshapings;
@@ -134,20 +134,33 @@ print(f"{len(registry)} mappings, {len(SCALAR)} of them a function of one ratio"
 # batch (`batch`: self-normalisation, Pareto smoothing, M2PO's batch second moment). The
 # `ratio` column says which ratio φ reads: r_t, W or s.
 #
-# The on-policy rule is a test, not a hope: with every log-ratio 0, every one of the 30
-# mappings gives c = 1 on every valid token and 0 on padding, whatever the sign of A.
+# The on-policy rule is a test, not a hope: with every log-ratio 0, every one of the 37
+# mappings but two gives c = 1 on every valid token and 0 on padding, whatever the sign of A.
+# The two exceptions are by design: LUSPO scales GSPO's loss by the length (c = |y|) and
+# GEPO divides π(y) by the group's estimate of E[μ(y)] (not a ratio). DPPO reads log π
+# itself (its trust region is on the probabilities), so it gets `log_prob` here.
 
 # %%
 N, T = 6, 5
 on_policy = np.zeros((N, T))
 mask = np.arange(T) < np.array([5, 3, 1, 5, 4, 2])[:, None]  # ragged lengths
 signs = np.array([1.0, -1.0, 0.5, -2.0, 0.0, 3.0])
+log_prob = np.log(0.3) + on_policy  # any log π works: on-policy log μ = log π
+not_one = []
 for name in mappings.available():
-    c = mappings.get(name).coefficients(on_policy, mask, signs)
+    mapping = mappings.get(name)
+    kw = {"log_prob": log_prob} if mapping.requires_log_prob else {}
+    c = mapping.coefficients(on_policy, mask, signs, **kw)
+    if not mapping.on_policy_identity:
+        not_one.append(name)
+        continue
     assert np.array_equal(c, mask.astype(float)), name
+assert not_one == ["luspo", "gepo"]
+assert len(mappings.available()) == 37 and len(SCALAR) == 23  # the counts of the prose
 paper_luffy = mappings.get("luffy", preset="paper")
 print(
-    f"all {len(mappings.available())} give c = 1 on-policy; the exception by design is "
+    f"{len(mappings.available()) - len(not_one)} of {len(mappings.available())} give c = 1 "
+    f"on-policy (not {', '.join(not_one)}); the preset exception by design is "
     "LUFFY's un-normalised "
     f"'paper' preset: c(1) = γ/(1+γ)² = {paper_luffy.phi(1.0):.4f}"
 )
@@ -156,7 +169,7 @@ assert abs(paper_luffy.phi(1.0) - 0.1 / 1.1**2) < 1e-15
 # %% [markdown]
 # ## 2. f and φ of every scalar mapping
 #
-# Two checks tie the registry to the formula above, for each of the 22 scalar mappings and
+# Two checks tie the registry to the formula above, for each of the 23 scalar mappings and
 # both signs of A:
 #
 # 1. **φ = w·f′(w)**, i.e. φ is the derivative of f with respect to log w. We compare φ
@@ -293,6 +306,10 @@ KNOBS = {
         "lambda_pos": Slider(0.5, 6.0, 0.1, 3.0),
         "k_neg": Slider(1.0, 6.0, 0.1, 3.0),
         "lambda_neg": Slider(0.5, 6.0, 0.1, 2.0),
+    },
+    "rollout_is": {
+        "eps_low": Slider(0.05, 1.0, 0.01, 0.2),
+        "eps_high": Slider(0.05, 2.0, 0.01, 0.2),
     },
 }
 # every knob of every scalar mapping has a control (geo_mask's TIS base is not scalar)
@@ -820,6 +837,6 @@ weights_widget = interact(
 #    weighted SFT loss with λ frozen at the first step. Before running it, predict which one
 #    moves the ratios r further from 1. Then compare the largest |log r| and the fraction of
 #    clipped tokens after each step.
-# 5. **Masks vs truncations.** Classify the 22 scalar mappings with their φ on a grid of
+# 5. **Masks vs truncations.** Classify the 23 scalar mappings with their φ on a grid of
 #    ratios: which can give c = 0 (for which sign of A), which are bounded above, which are
 #    continuous? Compare with the table of section 2.

@@ -58,6 +58,10 @@ SURROGATE_MAPPINGS = (
     "m2po",
     "clip_cov",
     "kl_cov",
+    "dro",
+    "dppo_tv",
+    "dppo_kl",
+    "luspo",
 )
 #: corrections TRL's VESPO folds into W (token-level truncation or mask)
 TRL_VESPO_CORRECTIONS = ("tis_token", "mis_token", "icepop")
@@ -77,7 +81,16 @@ def carries_ratio(mapping: Mapping) -> bool:
     or 1; True for PPO clip (c = r in the band), TIS (min(r, C)), masked IS (r·1[band]), VESPO…
     Two such factors on the one ratio π/μ count it twice."""
     lr = _PROBE_LOG_RATIO
-    c = call(mapping, lr, np.ones(lr.shape, bool), np.array([1.0, -1.0]), np.random.default_rng(0))
+    # mappings that need log π get a probe with π(y_t) = 0.5·r_t (μ(y_t) = 0.5)
+    log_prob = lr + math.log(0.5) if mapping.requires_log_prob else None
+    c = call(
+        mapping,
+        lr,
+        np.ones(lr.shape, bool),
+        np.array([1.0, -1.0]),
+        np.random.default_rng(0),
+        log_prob,
+    )
     return bool(np.any((np.abs(c) > 1e-12) & (np.abs(c - 1.0) > 1e-12)))
 
 
@@ -105,6 +118,16 @@ def check_correction(
             f"correction {correction.name!r} is a surrogate loss, not a detached weight; "
             f"a correction is one of: "
             + ", ".join(n for n in _available() if n not in SURROGATE_MAPPINGS)
+        )
+    if correction.requires_log_prob:
+        raise ValueError(
+            f"correction {correction.name!r} needs log π itself (requires_log_prob), which the "
+            "correction's leg π_old/μ does not carry; use it as the mapping instead"
+        )
+    if mapping.has_additive:
+        raise ValueError(
+            f"mapping {mapping.name!r} has an additive per-token term (−β·log r); composing it "
+            "with a correction is not supported (use it without a correction, or beta = 0)"
         )
     if mode == "trl_vespo":
         if mapping.name != "vespo":
@@ -134,7 +157,8 @@ def _available():
 
 def call(mapping: Mapping, log_ratio, mask, advantages, rng=None, log_prob=None) -> np.ndarray:
     """``mapping.coefficients`` (2-D), with ``rng`` for a stochastic mapping and ``log_prob``
-    (log π, (N, T)) for one that reads it (clip_cov, kl_cov; None: they use the log-ratio)."""
+    (log π, (N, T)) for one that reads it (clip_cov, kl_cov; None: they use the log-ratio) or
+    needs it (``requires_log_prob``: the mapping raises without it)."""
     kwargs = {}
     if mapping.stochastic:
         kwargs["rng"] = rng

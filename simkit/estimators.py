@@ -570,7 +570,8 @@ class Estimator:
         ``correction`` (:mod:`simkit.composition`; ignored without one). ``rng``: the Generator
         of a stochastic mapping (default ``default_rng(seed)``, one per call). ``log_prob``
         (L..., N, T) = log π, for mappings that read it (clip_cov, kl_cov; without it they use
-        the log-ratio, see :mod:`simkit.mappings.covariance`).
+        the log-ratio, see :mod:`simkit.mappings.covariance`) or need it (``requires_log_prob``:
+        dppo_tv, dppo_kl, gepo).
         """
         stochastic = self.mapping.stochastic or (
             self.correction is not None and self.correction.stochastic
@@ -633,6 +634,19 @@ class Estimator:
         )
         return c.reshape(lr.shape)
 
+    def additive_terms(self, log_ratio, mask, log_prob=None) -> np.ndarray | None:
+        """The mapping's additive per-token term b (L..., N, T) (DRO's −β·log r_t; see
+        :mod:`simkit.mappings.base`), or None when it has none. A composed estimator with such
+        a mapping is refused (:func:`simkit.composition.check_correction`)."""
+        if not self.mapping.has_additive:
+            return None
+        lr = np.asarray(log_ratio, dtype=np.float64)
+        m = np.asarray(mask, dtype=bool)
+        T = lr.shape[-1]
+        lp = None if log_prob is None else np.asarray(log_prob, dtype=np.float64).reshape(-1, T)
+        b = self.mapping.additive(lr.reshape(-1, T), m.reshape(-1, T), log_prob=lp)
+        return b.reshape(lr.shape)
+
     def token_weights(
         self,
         log_ratio,
@@ -644,19 +658,22 @@ class Estimator:
         rng=None,
         ref_log_ratio=None,
         score_sq=None,
+        log_prob=None,
     ):
-        """Per-token weights λ = c · A / Z (+ λ^KL) of shape (L..., N, T).
+        """Per-token weights λ = (c · A + b) / Z (+ λ^KL) of shape (L..., N, T).
 
         ``log_ratio``, ``mask`` (L..., N, T); ``rewards`` (L..., N); ``J`` the exact baseline of
         the oracle advantages (J(μ) for ``oracle``, J(π) for ``oracle_pi``, see
         :meth:`baseline`; ignored by the others; with a ``kl`` penalty in the reward, the
         baseline of the penalised reward, :func:`simkit.experiment.exact.oracle_baseline`).
         The gradient estimate is then ``env.accumulate(actions, λ)``. With
-        ``return_coefficients=True`` returns ``(λ, c)``. ``old_log_ratio``, ``rng``: see
-        :meth:`coefficients`. ``ref_log_ratio`` (L..., N, T) = log π − log π_ref of the tokens,
-        required with a ``kl`` penalty (ignored without one). ``score_sq`` (L..., N, T) =
-        1 − 2π(y_t|s_t) + Σ_v π(v|s_t)², required by the ``otb`` advantage (per-token A_{i,t},
-        :func:`otb_advantages`; c then takes the sign of each token's A).
+        ``return_coefficients=True`` returns ``(λ, c)``. ``old_log_ratio``, ``rng``,
+        ``log_prob``: see :meth:`coefficients`; b is the mapping's additive term
+        (:meth:`additive_terms`; 0 for most mappings). ``ref_log_ratio`` (L..., N, T) =
+        log π − log π_ref of the tokens, required with a ``kl`` penalty (ignored without one).
+        ``score_sq`` (L..., N, T) = 1 − 2π(y_t|s_t) + Σ_v π(v|s_t)², required by the ``otb``
+        advantage (per-token A_{i,t}, :func:`otb_advantages`; c then takes the sign of each
+        token's A).
         """
         lr = np.asarray(log_ratio, dtype=np.float64)
         R = np.asarray(rewards, dtype=np.float64)
@@ -684,20 +701,29 @@ class Estimator:
                 else:
                     R = R - self.kl.beta * self.kl.values(x, lr, mask).sum(axis=-1)
         if self.advantage == "otb":
-            lam, c = self._otb_weights(lr, mask, R, score_sq, old_log_ratio, rng, penalty)
+            lam, c = self._otb_weights(lr, mask, R, score_sq, old_log_ratio, rng, penalty, log_prob)
+            b = self.additive_terms(lr, mask, log_prob)
+            if b is not None:
+                lam = lam + b * self.aggregation_weights(mask)
             if x is not None and self.kl.where == "loss":
                 lam = lam + self.kl_loss_weights(x, lr, mask)
             return (lam, c) if return_coefficients else lam
         adv = self.advantages(R, J)
         if self.correction is None:
             old_log_ratio = None
-        c = self.coefficients(lr, mask, adv, old_log_ratio=old_log_ratio, rng=rng)
-        lam = c * adv[..., None] * self.kept_weights(lr, mask, adv, old_log_ratio)
+        c = self.coefficients(
+            lr, mask, adv, old_log_ratio=old_log_ratio, rng=rng, log_prob=log_prob
+        )
+        weights = self.kept_weights(lr, mask, adv, old_log_ratio)
+        lam = c * adv[..., None] * weights
+        b = self.additive_terms(lr, mask, log_prob)
+        if b is not None:
+            lam = lam + b * weights
         if x is not None and self.kl.where == "loss":
             lam = lam + self.kl_loss_weights(x, lr, mask)
         return (lam, c) if return_coefficients else lam
 
-    def _otb_weights(self, lr, mask, R, score_sq, old_log_ratio, rng, penalty):
+    def _otb_weights(self, lr, mask, R, score_sq, old_log_ratio, rng, penalty, log_prob=None):
         """λ = c·A_{i,t}/Z and c for the per-token ``otb`` advantage (c by each token's sign)."""
         if score_sq is None:
             raise ValueError(
@@ -710,8 +736,9 @@ class Estimator:
         if self.correction is None:
             old_log_ratio = None
         ones = np.ones(lr.shape[:-1])
-        c_pos = self.coefficients(lr, m, ones, old_log_ratio=old_log_ratio, rng=rng)
-        c_neg = self.coefficients(lr, m, -ones, old_log_ratio=old_log_ratio, rng=rng)
+        kw = dict(old_log_ratio=old_log_ratio, rng=rng, log_prob=log_prob)
+        c_pos = self.coefficients(lr, m, ones, **kw)
+        c_neg = self.coefficients(lr, m, -ones, **kw)
         c = np.where(A >= 0, c_pos, c_neg) * m
         return c * A * self.aggregation_weights(m), c
 

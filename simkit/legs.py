@@ -89,6 +89,28 @@ def old_log_ratio(env, old, mu, actions, mask, states=None) -> np.ndarray:
         return np.where(m, lp_old - lp_mu, 0.0)
 
 
+def target_log_prob(env, actions, mask, states=None) -> np.ndarray:
+    """log π per token of a batch or support (shape of ``mask``), π the environment's target
+    (``env.pi``); 0 on padding. The mappings that need log π itself (``requires_log_prob``:
+    DPPO, GEPO) get it from here on the experiment's exact and Monte Carlo paths. Bandit
+    (T = 1): ``actions`` (L..., n); token MDP: ``actions``, ``states`` (L..., n, T); an
+    environment with ``target_token_log_prob`` (the LM's leaves) answers itself."""
+    m = np.asarray(mask, dtype=bool)
+    if hasattr(env, "target_token_log_prob"):  # the LM's enumerated leaves (edge ids)
+        return env.target_token_log_prob(actions, m, states)
+    if states is None:  # bandit
+        return np.where(m, _log(env.pi)[np.asarray(actions)][..., None], 0.0)
+    return np.where(m, env._token_log_prob(env.pi, actions, m, states), 0.0)
+
+
+def log_prob_for(est, env, draws) -> np.ndarray | None:
+    """:func:`target_log_prob` of ``draws`` (a batch or a support) when ``est``'s mapping
+    needs log π (``requires_log_prob``), else None."""
+    if not est.mapping.requires_log_prob:
+        return None
+    return target_log_prob(env, draws.actions, draws.mask, getattr(draws, "states", None))
+
+
 def _with_target(env, policy):
     """``env`` whose target is ``policy`` (for divergences from it); None if it has zeros."""
     if not np.all(policy > 0):

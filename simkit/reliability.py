@@ -127,7 +127,12 @@ def tail_draws(env, mu, estimator, n_draws: int, baseline: float, old=None) -> f
         elif composed:
             log_c = _log_composed_coefficient(env, mu, estimator, atoms, mask, old)
         else:
-            c = mapping.coefficients(atoms.log_ratio, mask, atoms.advantage_sign)
+            from simkit import legs
+
+            kwargs = {}
+            if mapping.requires_log_prob:  # DPPO: log π of the atoms' tokens
+                kwargs["log_prob"] = legs.log_prob_for(estimator, env, atoms)
+            c = mapping.coefficients(atoms.log_ratio, mask, atoms.advantage_sign, **kwargs)
             a = estimator.aggregation_weights(mask[:, None, :])[:, 0, :]
             with np.errstate(divide="ignore"):
                 log_c = np.log(np.sum(np.abs(c) * a, axis=1))
@@ -152,7 +157,13 @@ def _log_composed_coefficient(env, mu, estimator, atoms, mask, old) -> np.ndarra
         states = getattr(atoms, "states", None)
         old_lr = legs.old_log_ratio(env, old, mu, atoms.actions, mask, states)
     sign = atoms.advantage_sign
-    c = estimator.coefficients(atoms.log_ratio, mask, sign, old_log_ratio=old_lr)
+    c = estimator.coefficients(
+        atoms.log_ratio,
+        mask,
+        sign,
+        old_log_ratio=old_lr,
+        log_prob=legs.log_prob_for(estimator, env, atoms),
+    )
     a = estimator.kept_weights(
         atoms.log_ratio[:, None, :],
         mask[:, None, :],

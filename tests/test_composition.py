@@ -22,7 +22,17 @@ from simkit.estimators import Estimator
 from simkit.mappings import available, get, mapping_class
 from simkit.train.mismatch import Mismatch, behaviour_log_probs
 
-MAPPINGS = [n for n in available() if not mapping_class(n).batch_dependent]
+#: (mappings that need log π or carry an additive term are composed in test_mappings_2026.py:
+#: these generic checks pass log-ratios only, and an additive mapping cannot be composed;
+#: these checks also assume c = 1 on-policy)
+MAPPINGS = [
+    n
+    for n in available()
+    if not mapping_class(n).batch_dependent
+    and not mapping_class(n).requires_log_prob
+    and not get(n).has_additive
+    and mapping_class(n).on_policy_identity  # luspo: c = |y| on-policy
+]
 #: detached-weight corrections without batch coupling (snis/psis need whole batches)
 CORRECTIONS = [
     n

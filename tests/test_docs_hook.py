@@ -157,6 +157,36 @@ def test_presets_are_labelled_by_their_recorded_source(hook):
                 assert f"(https://github.com/{repo}/blob/{commit}/" in linked, (name, preset)
 
 
+def test_catalogue_lists_the_2026_mappings_with_formula_paper_and_upstream_links(hook):
+    """Issue 24: every new entry shows its formula (the docstring summary), a paper link and a
+    link to the upstream file at its commit; the verl re-check table lists every verl preset."""
+    from simkit.mappings.preset_sources import MAPPING_SOURCES, VERL_PRESET_CHANGES
+
+    text = hook.catalogue()
+    new = ["dro", "dppo_tv", "dppo_kl", "luspo", "rollout_is", "segment_is", "gepo"]
+    assert set(MAPPING_SOURCES) == set(new)
+    for name in new:
+        section = text.split(f"## `{name}` ", 1)[1].split("\n## ", 1)[0]
+        summary = section.split("\n> ", 1)[1].split("\n", 1)[0]
+        assert "c_t" in summary or "c =" in summary or "weight" in summary, (name, summary)
+        sources = section.split("**Sources**: ", 1)[1].split("\n", 1)[0]
+        assert "](https://github.com/" in sources and "/blob/" in sources, name
+        if "arXiv" in MAPPING_SOURCES[name]:
+            assert "](https://arxiv.org/abs/" in sources, name
+    table = text.split("{#verl-presets-1dda039}", 1)[1].split("\n## ", 1)[0]
+    verl_presets = {
+        (name, preset)
+        for name, presets in __import__(
+            "simkit.mappings.preset_sources", fromlist=["PRESET_SOURCES"]
+        ).PRESET_SOURCES.items()
+        for preset in presets
+        if preset.startswith("verl")
+    }
+    assert {(n, p) for n, p, _, _ in VERL_PRESET_CHANGES} == verl_presets
+    for name, preset, status, _ in VERL_PRESET_CHANGES:
+        assert f"| [`{name}`](#{name.replace('_', '-')}) | `{preset}` | **{status}** |" in table
+
+
 def test_catalogue_prose_keeps_code_spans_unescaped(hook):
     assert hook._md_escape("``c_t = r_t`` and a|b, :func:`x`") == "``c_t = r_t`` and a\\|b, `x`"
 

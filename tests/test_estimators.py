@@ -223,9 +223,13 @@ def test_coefficients_with_leading_axes_equal_per_batch_calls(name):
     est = Estimator(name)
     log_ratio, mask = _ragged_batch(rng, (3,), 8, 5)
     adv = rng.normal(size=(3, 8))
-    got = est.coefficients(log_ratio, mask, adv)
+    kw = {}
+    if est.mapping.requires_log_prob:  # dppo, gepo: log π = log r + log 0.3
+        kw = {"log_prob": log_ratio + np.log(0.3)}
+    got = est.coefficients(log_ratio, mask, adv, **kw)
     for b in range(3):
-        expected = est.mapping.coefficients(log_ratio[b], mask[b], adv[b])
+        kw_b = {k: v[b] for k, v in kw.items()}
+        expected = est.mapping.coefficients(log_ratio[b], mask[b], adv[b], **kw_b)
         np.testing.assert_allclose(got[b], expected, rtol=1e-14, atol=0)
 
 

@@ -28,7 +28,7 @@ import pandas as pd
 import pytest
 from scipy.stats import norm
 
-from simkit import experiment, mappings
+from simkit import experiment
 from simkit.config import SweepConfig
 from simkit.figures import (
     FIGURES,
@@ -90,7 +90,7 @@ def shipped(file: str) -> dict:
 def bandit_bias_variance_dict(d: dict, cfg: bandit_bias_variance.Config) -> dict:
     """The bandit of ``make_bandit(arms, seed)``, μ = dial(π, χ², family) at every χ² of the
     grid, every mapping (or ``mapping_names``) with defaults, oracle, seq-mean-token-sum."""
-    names = cfg.mapping_names if cfg.mapping_names is not None else mappings.available()
+    names = cfg.mapping_names if cfg.mapping_names is not None else _common.figure_mappings()
     d = copy.deepcopy(d)
     d.update(n=list(cfg.ns), reps=cfg.reps, n_boot=cfg.n_boot)
     d["environment"] = {"kind": "bandit", "K": cfg.arms, "seed": cfg.seed}

@@ -74,6 +74,17 @@ EXTRA_VARIANTS = {
     ],
     "tis_seq": [{"c": math.inf}, {"c": 1.0}, {"batch_normalize": True, "c": 3.0}],
     "dapo": [{"eps_high": 0.5}, {"c_dual": 1.5}],
+    "dro": [{"beta": 0.0}, {"beta": 2.0}],
+    "dppo_tv": [
+        {"c": math.inf},
+        {"eps_low": 0.05, "eps_high": 0.5, "beta": 0.3},
+        {"max_log_ratio": 0.5, "c": 1.2},
+    ],
+    "dppo_kl": [{"eps_low": 0.01, "eps_high": 0.05}, {"c": math.inf, "beta": 0.1}],
+    "luspo": [{"eps_low": 0.05, "eps_high": 0.1}, {"eps_low": math.inf, "eps_high": math.inf}],
+    "rollout_is": [{"eps_low": 1.0, "eps_high": math.inf}, {"eps_low": 0.5, "eps_high": 1.0}],
+    "segment_is": [{"upper_bound": math.inf}, {"upper_bound": 1.0}],
+    "gepo": [{"group_size": 5}, {"group_size": 1, "max_log_ratio": 0.5}],
 }
 
 # Mappings whose torch loss is allowed to differ from −c·A/Z of the registry, with the reason
@@ -88,11 +99,17 @@ ON_POLICY_EXCEPTIONS = {
 # high-covariance tokens of (A, log π) whatever the ratio (it is an entropy regulariser, not an
 # importance correction), so on-policy it still zeroes the selected tokens
 ON_POLICY_NOT_REINFORCE = {"clip_cov": "detaches tokens by cov(A, log π), also on-policy"}
+# mappings whose on-policy coefficient is a documented weight other than 1 (checked in closed
+# form below): LUSPO scales the loss by |y|; GEPO's π(y)/Ê_group[π] is not a ratio
+ON_POLICY_NOT_ONE = {
+    "luspo": "c = |y| on-policy (GSPO's loss scaled by the length)",
+    "gepo": "c = π(y_i)/(Σ_j π(y_j)²/Σ_j π(y_j)) on-policy (a group weight, not a ratio)",
+}
 
 
 def registry_coefficients(mapping, lp, old, mask, adv):
     """The numpy coefficients on the inputs of the torch loss (log π too where the mapping
-    reads it: clip_cov, kl_cov)."""
+    reads it: clip_cov, kl_cov, dppo_tv, dppo_kl, gepo)."""
     if mapping.uses_log_prob:
         return mapping.coefficients(lp - old, mask, adv, log_prob=lp)
     return mapping.coefficients(lp - old, mask, adv)
@@ -182,7 +199,9 @@ def test_gradient_equals_registry_coefficients(variant, agg):
 def _assert_gradient_is_the_registrys(name, lp, old, mask, adv, agg, preset=None, **hp):
     m = mappings.get(name, preset=preset, **hp)
     c = registry_coefficients(m, lp, old, mask, adv)
-    expected = -c * adv[:, None] * aggregation_weights(mask, agg)
+    # the additive per-token term b (dro, dppo with beta > 0): ∂loss/∂log π = −(c·A + b)/Z
+    b = m.additive(lp - old, mask, log_prob=lp)
+    expected = -(c * adv[:, None] + b) * aggregation_weights(mask, agg)
     if name == "kl_cov":
         # the one gradient term with no c·A form (documented in KLCov): κ·sign(log r)/Z on a
         # penalised token of a row with A = 0 (row 2 of make_inputs)
@@ -229,8 +248,13 @@ def test_consistency_inputs_exercise_each_default_mapping(name):
     """The consistency test is not vacuous: on its inputs every default mapping's coefficient
     differs from plain REINFORCE (c = 1) somewhere and takes several values."""
     old, lp, mask, adv = make_inputs()
-    c = registry_coefficients(mappings.get(name), lp, old, mask, adv)[mask]
-    assert not np.allclose(c, 1.0)
+    m = mappings.get(name)
+    c = registry_coefficients(m, lp, old, mask, adv)[mask]
+    if m.has_additive:  # dro: c = 1, the gradient weight A − β·log r differs from A
+        c = m.additive(lp - old, mask)[mask]
+        assert not np.allclose(c, 0.0)
+    else:
+        assert not np.allclose(c, 1.0)
     assert np.unique(np.round(c, 12)).size > 1
 
 
@@ -286,6 +310,21 @@ def test_on_policy_is_reinforce(variant):
     if (name, preset) in ON_POLICY_EXCEPTIONS:
         gamma = mappings.get(name, preset=preset, **hp).gamma
         expected = expected * gamma / (1.0 + gamma) ** 2
+    if name in ON_POLICY_NOT_ONE:
+        m = mappings.get(name, preset=preset, **hp)
+        lengths = mask.sum(axis=1).astype(float)
+        if name == "luspo":
+            c = np.repeat(lengths[:, None], mask.shape[1], axis=1)
+        else:  # gepo: groups of group_size rows (None: the batch), weights π(y)/Ê[π]
+            log_pi = np.where(mask, old, 0.0).sum(axis=1)
+            G = m.group_size or len(log_pi)
+            p = np.exp(log_pi).reshape(-1, G)
+            w = (p / ((p**2).sum(axis=1) / p.sum(axis=1))[:, None]).reshape(-1)
+            c = np.repeat(np.minimum(w, math.exp(m.max_log_ratio))[:, None], mask.shape[1], 1)
+        np.testing.assert_allclose(
+            registry_coefficients(m, old, old, mask, adv), c * mask, rtol=1e-12
+        )
+        expected = expected * c
     np.testing.assert_allclose(grad.numpy(), expected, rtol=1e-12, atol=1e-15)
     assert metrics["clip_frac"] == 0.0
     assert metrics["chi2_tok"] == 0.0 and metrics["kl_k3"] == 0.0

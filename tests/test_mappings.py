@@ -50,6 +50,13 @@ CANONICAL = [
     "kl_rs",
     "clip_cov",
     "kl_cov",
+    "dro",
+    "dppo_tv",
+    "dppo_kl",
+    "luspo",
+    "rollout_is",
+    "segment_is",
+    "gepo",
 ]
 ALL = available()
 #: mappings whose coefficient reads the advantage's value, not only its sign (reason: the
@@ -61,6 +68,19 @@ SIGNED = {"kl_cov"}
 SCALAR = [n for n in ALL if issubclass(mapping_class(n), ScalarMapping)]
 WITH_HYPERPARAMETERS = [n for n in ALL if dataclasses.fields(mapping_class(n))]
 RTOL = 1e-12
+#: log μ of every token in the battery (μ(y_t) = 0.3): the mappings that need log π itself
+#: (``requires_log_prob``: dppo_tv, dppo_kl, gepo) get log π = log r + log μ
+LOG_MU = math.log(0.3)
+#: mappings whose on-policy coefficient is not 1, with the closed form checked below
+NOT_ON_POLICY_IDENTITY = {"luspo", "gepo"}
+
+
+def coefs(m, log_ratio, mask, advantages):
+    """``m.coefficients``, with log π = log r + :data:`LOG_MU` for a mapping that needs it."""
+    if m.requires_log_prob:
+        lp = np.asarray(log_ratio, dtype=np.float64) + LOG_MU
+        return m.coefficients(log_ratio, mask, advantages, log_prob=lp)
+    return m.coefficients(log_ratio, mask, advantages)
 
 
 def random_batch(seed: int, N: int = 12, T: int = 9, scale: float = 0.4):
@@ -159,7 +179,7 @@ def test_required_presets_and_paper_defaults():
 
 
 def test_levels_and_batch_dependence():
-    batch = {"snis", "psis", "m2po", "clip_cov", "kl_cov"}
+    batch = {"snis", "psis", "m2po", "clip_cov", "kl_cov", "gepo"}
     assert {n for n in ALL if mapping_class(n).batch_dependent} == batch
     assert {n for n in ALL if mapping_class(n).level == "batch"} == batch
     geometric = {n for n in SCALAR if mapping_class(n).ratio_kind == "geometric"}
@@ -236,6 +256,13 @@ INVALID = {
         ("eps_high", -0.2),
     ],
     "kl_cov": [("ratio", 0.0), ("ratio", 2.0), ("kappa", -1.0)],
+    "dro": [("beta", -0.1), ("beta", math.inf)],
+    "dppo_tv": [("eps_low", -0.1), ("c", 0.5), ("beta", -1.0), ("max_log_ratio", 0.0)],
+    "dppo_kl": [("eps_high", -0.2), ("c", 0.99), ("kl_eps", 2.0)],
+    "luspo": [("eps_low", -0.2), ("eps_high", -1.0), ("max_log_ratio", 0.0)],
+    "rollout_is": [("eps_low", 0.0), ("eps_low", 1.5), ("eps_high", 0.0)],
+    "segment_is": [("upper_bound", 0.9), ("max_log_ratio", -1.0)],
+    "gepo": [("group_size", 0), ("group_size", 1.5), ("max_log_ratio", 0.0)],
 }
 
 
@@ -267,11 +294,21 @@ def test_every_numeric_hyperparameter_rejects_nan_and_strings(name):
 
 @pytest.mark.parametrize("name", ALL)
 def test_on_policy_gives_reinforce(name):
-    assert mapping_class(name).on_policy_identity  # every mapping (see module docstring)
+    # every mapping but the listed ones (see module docstring)
+    assert mapping_class(name).on_policy_identity == (name not in NOT_ON_POLICY_IDENTITY)
     _, mask, adv = random_batch(1, N=30)
-    c = get(name).coefficients(np.zeros(mask.shape), mask, adv)
-    np.testing.assert_array_equal(c[mask], 1.0)
+    m = get(name)
+    c = coefs(m, np.zeros(mask.shape), mask, adv)
     np.testing.assert_array_equal(c[~mask], 0.0)
+    np.testing.assert_array_equal(m.additive(np.zeros(mask.shape), mask), 0.0)  # dro: b = 0
+    lengths = mask.sum(axis=1)
+    if name == "luspo":  # the loss scaled by |y|: c = |y| on-policy
+        np.testing.assert_array_equal(c, lengths[:, None] * mask)
+    elif name == "gepo":  # one group: π(y)/(Σ π² / Σ π) with π(y) = 0.3^|y|
+        p = 0.3**lengths
+        np.testing.assert_allclose(c, (p / ((p**2).sum() / p.sum()))[:, None] * mask, rtol=1e-12)
+    else:
+        np.testing.assert_array_equal(c[mask], 1.0)
 
 
 def test_luffy_paper_preset_scales_on_policy_by_gamma_over_one_plus_gamma_squared():
@@ -285,7 +322,7 @@ def test_luffy_paper_preset_scales_on_policy_by_gamma_over_one_plus_gamma_square
 @pytest.mark.parametrize("name", ALL)
 def test_shape_and_zero_on_padding(name):
     lr, mask, adv = random_batch(3)
-    c = get(name).coefficients(lr, mask, adv)
+    c = coefs(get(name), lr, mask, adv)
     assert c.shape == lr.shape and c.dtype == np.float64
     np.testing.assert_array_equal(c[~mask], 0.0)
     assert np.all(np.isfinite(c))
@@ -295,14 +332,12 @@ def test_shape_and_zero_on_padding(name):
 def test_padding_is_ignored(name):
     lr, mask, adv = random_batch(4, N=30)
     m = get(name)
-    c = m.coefficients(lr, mask, adv)
+    c = coefs(m, lr, mask, adv)
     rng = np.random.default_rng(5)
     changed = np.where(mask, lr, rng.normal(0, 50, size=lr.shape))
-    np.testing.assert_allclose(m.coefficients(changed, mask, adv), c, rtol=RTOL, atol=0)
+    np.testing.assert_allclose(coefs(m, changed, mask, adv), c, rtol=RTOL, atol=0)
     extra = rng.normal(0, 3, size=(lr.shape[0], 5))
-    wide = m.coefficients(
-        np.hstack([lr, extra]), np.hstack([mask, np.zeros_like(extra, bool)]), adv
-    )
+    wide = coefs(m, np.hstack([lr, extra]), np.hstack([mask, np.zeros_like(extra, bool)]), adv)
     np.testing.assert_allclose(wide[:, : lr.shape[1]], c, rtol=RTOL, atol=0)
     np.testing.assert_array_equal(wide[:, lr.shape[1] :], 0.0)
 
@@ -317,7 +352,7 @@ def test_finite_for_extreme_log_ratios(name, pattern):
         "minus": np.full(mask.shape, -1000.0),
         "mixed": rng.choice([-1000.0, 1000.0], size=mask.shape),
     }[pattern]
-    c = get(name).coefficients(lr, mask, adv)
+    c = coefs(get(name), lr, mask, adv)
     assert c.shape == mask.shape
     assert np.all(np.isfinite(c))
     assert name in SIGNED or np.all(c >= 0)
@@ -335,8 +370,8 @@ def test_coefficients_depend_on_advantages_only_through_sign(name, data):
     rng = np.random.default_rng(seed)
     magnitudes = np.exp(rng.normal(0, 3, size=N))  # positive rescaling per sequence
     m = get(name)
-    c_sign = m.coefficients(lr, mask, np.where(signs >= 0, 1.0, -1.0))
-    c_scaled = m.coefficients(lr, mask, np.where(signs == 0, 0.0, signs * magnitudes))
+    c_sign = coefs(m, lr, mask, np.where(signs >= 0, 1.0, -1.0))
+    c_scaled = coefs(m, lr, mask, np.where(signs == 0, 0.0, signs * magnitudes))
     np.testing.assert_array_equal(c_scaled, c_sign)
 
 
@@ -353,7 +388,7 @@ def test_the_listed_exceptions_do_read_the_advantage_value(name):
 @pytest.mark.parametrize("name", ALL)
 @pytest.mark.parametrize("shape", [(0, 5), (3, 0), (0, 0), (1, 1)])
 def test_empty_and_tiny_batches(name, shape):
-    c = get(name).coefficients(np.zeros(shape), np.ones(shape, bool), np.ones(shape[0]))
+    c = coefs(get(name), np.zeros(shape), np.ones(shape, bool), np.ones(shape[0]))
     assert c.shape == shape
     np.testing.assert_array_equal(c, 1.0)
 
@@ -593,6 +628,35 @@ def _tis_seq_ref(m, lr, mask, adv):
     return c
 
 
+def _dppo_ref(m, r, positive):
+    """DPPO per token (verl core_algos.py @1dda039) with μ(y_t) = 0.3, π(y_t) = 0.3·r."""
+    lr = math.log(r)
+    w = min(math.exp(min(max(lr, -m.max_log_ratio), m.max_log_ratio)), m.c)
+    q = 0.3
+    p = q * r
+    if m.divergence == "tv":
+        kept = (p - q <= m.eps_high) if positive else (p - q >= -m.eps_low)
+    else:
+        try:
+            kl = q * math.log(q / p) + (1 - q) * math.log((1 - q + m.kl_eps) / (1 - p + m.kl_eps))
+        except ValueError:  # p > 1 + ε: the log of a negative number, NaN in numpy and torch
+            kl = math.nan
+        kept = (kl <= m.eps_high or p <= q) if positive else (kl <= m.eps_low or p >= q)
+    return w if kept else 0.0
+
+
+def _gepo_ref(m, lr, mask, adv):
+    log_pi = [sum(v) + len(v) * math.log(0.3) for _, v, _ in _rows(lr, mask, adv)]
+    log_mu = [len(v) * math.log(0.3) for _, v, _ in _rows(lr, mask, adv)]
+    G = m.group_size or len(log_pi)
+    c = np.zeros(lr.shape)
+    for i, _, _ in _rows(lr, mask, adv):
+        group = range(i - i % G, i - i % G + G)
+        e = sum(math.exp(2 * log_mu[j]) for j in group) / sum(math.exp(log_mu[j]) for j in group)
+        c[i] = mask[i] * min(math.exp(log_pi[i]) / e, math.exp(m.max_log_ratio))
+    return c
+
+
 REFERENCE = {
     "naive": _tok_ref(lambda m, r, p: 1.0),
     "is_token": _tok_ref(lambda m, r, p: r),
@@ -630,6 +694,13 @@ REFERENCE = {
     "kl_rs": _kl_rs_ref,
     "clip_cov": _clip_cov_ref,
     "kl_cov": _kl_cov_ref,
+    "dro": _tok_ref(lambda m, r, p: 1.0),
+    "dppo_tv": _tok_ref(_dppo_ref),
+    "dppo_kl": _tok_ref(_dppo_ref),
+    "luspo": _seq_ref(lambda m, v, p: len(v) * _ppo(m, math.exp(_mean(v)), p)),
+    "rollout_is": _tok_ref(lambda m, r, p: r if 1 - m.eps_low < r < 1 + m.eps_high else 0.0),
+    "segment_is": _seq_ref(lambda m, v, p: min(math.exp(_mean(v)), m.upper_bound)),
+    "gepo": _gepo_ref,
 }
 
 #: non-default settings also checked against the reference (exercise every branch)
@@ -675,6 +746,13 @@ VARIANTS = [
     ("clip_cov", {"ratio": 1.0, "lb": -1.0, "ub": 1.0, "eps_high": 0.1}),
     ("kl_cov", {"ratio": 0.1}),
     ("kl_cov", {"ratio": 0.3, "kappa": 0.4}),
+    ("dppo_tv", {"eps_low": 0.05, "eps_high": 0.1, "c": 1.2}),
+    ("dppo_tv", {"preset": "prime_rl"}),
+    ("dppo_kl", {"eps_low": 0.002, "eps_high": 0.01, "c": math.inf}),
+    ("luspo", {"eps_low": 0.05, "eps_high": 0.1}),
+    ("rollout_is", {"eps_low": 0.1, "eps_high": 0.3}),
+    ("segment_is", {"upper_bound": 1.05}),
+    ("gepo", {"group_size": 7}),
 ]
 
 
@@ -688,7 +766,7 @@ def test_coefficients_match_the_reference_formula(name, hyper, seed):
     lr, mask, adv = random_batch(seed, N=40 if name == "psis" else 14, T=7, scale=0.4)
     m = get(name, **hyper)
     expected = REFERENCE[name](m, lr, mask, adv)
-    np.testing.assert_allclose(m.coefficients(lr, mask, adv), expected, rtol=1e-11, atol=1e-300)
+    np.testing.assert_allclose(coefs(m, lr, mask, adv), expected, rtol=1e-11, atol=1e-300)
 
 
 DENSE = [n for n in ALL if mapping_class(n).level == "token"] + ["gmpo"]
@@ -707,7 +785,7 @@ def test_token_coefficients_match_the_reference_on_a_dense_grid(name, hyper):
     adv = np.array([1.0, -1.0, -2.0, 0.0])
     m = get(name, **hyper)
     np.testing.assert_allclose(
-        m.coefficients(lr, mask, adv), REFERENCE[name](m, lr, mask, adv), rtol=1e-11, atol=1e-300
+        coefs(m, lr, mask, adv), REFERENCE[name](m, lr, mask, adv), rtol=1e-11, atol=1e-300
     )
 
 

@@ -44,3 +44,16 @@ def test_readme_lists_every_figure():
     text = README.read_text(encoding="utf-8")
     missing = [name for name in FIGURES if f"`{name}`" not in text]
     assert not missing, f"README.md does not list the figures {missing}"
+
+
+def test_readme_catalogue_table_is_the_registry():
+    """The mapping table has one row per registered mapping, and the count in the example is
+    the registry's."""
+    from simkit import mappings
+
+    text = README.read_text(encoding="utf-8")
+    section = text.split("### The mapping catalogue", 1)[1].split("\n### ", 1)[0]
+    rows = re.findall(r"^\| `(\w+)` \|", section, flags=re.M)
+    assert rows == mappings.available()
+    count = re.search(r"mappings.available\(\)  # the (\d+) names below", text)
+    assert count and int(count.group(1)) == len(mappings.available())

@@ -451,6 +451,15 @@ def batches(draw):
 def test_every_mapping_rejects_non_finite_values_on_valid_tokens_only(name, batch):
     lr, mask, adv, rng, bad = batch
     m = mappings.get(name)
+    if m.requires_log_prob:  # dppo, gepo: log π = log r + log 0.3 (NaN/inf wherever log r is)
+        raw = m
+
+        class _WithLogProb:
+            def coefficients(self, log_ratio, mask, advantages):
+                lp = np.asarray(log_ratio, dtype=np.float64) + math.log(0.3)
+                return raw.coefficients(log_ratio, mask, advantages, log_prob=lp)
+
+        m = _WithLogProb()
     clean = m.coefficients(np.where(mask, lr, 0.0), mask, adv)
     # on a valid position: ValueError naming log_ratio and the first bad position
     valid = np.argwhere(mask)

@@ -53,6 +53,9 @@ ON_POLICY_EXCEPTIONS = {
 }
 
 
+NOT_ON_POLICY_IDENTITY = {"luspo", "gepo"}
+
+
 @pytest.mark.parametrize("eos", [None, 3])
 def test_on_policy_every_mapping_is_reinforce_bit_for_bit(eos):
     env = small_env(eos)
@@ -66,7 +69,11 @@ def test_on_policy_every_mapping_is_reinforce_bit_for_bit(eos):
     assert reference["J"].dropna().iloc[-1] != reference["J"].iloc[0]  # it does learn
     mismatched = []
     for name in mappings.available():
-        assert mappings.mapping_class(name).on_policy_identity, name
+        if not mappings.mapping_class(name).on_policy_identity:
+            # luspo (c = |y|), gepo (c = π(y)/Ê[π]): documented non-unit on-policy weights,
+            # checked in closed form in tests/test_mappings.py
+            assert name in NOT_ON_POLICY_IDENTITY, name
+            continue
         table = run(name)
         same = table[NON_NAME].equals(reference[NON_NAME])
         if name in ON_POLICY_EXCEPTIONS:

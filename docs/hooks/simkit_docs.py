@@ -563,7 +563,7 @@ def _md_escape(text: str) -> str:
 ARXIV = re.compile(r"arXiv (\d{4}\.\d{4,5})(v\d+)?")
 _REPO_PATH = re.compile(
     r"(?:(?P<repo>[A-Za-z0-9-]+/[A-Za-z0-9_.-]+) )?"
-    r"(?P<path>(?:[\w.-]+/)+[\w.-]+\.(?:py|yaml|sh|md))"
+    r"(?P<path>(?:[\w.-]+/)+[\w.-]+\.(?:py|yaml|sh|md)|[\w.-]+\.md\b)"
 )
 _COMMIT = re.compile(r"@ ([0-9a-f]{7,40})\b")
 
@@ -579,8 +579,10 @@ def linkify_source(source: str) -> str:
 
         def link(m: re.Match, commit=commit) -> str:
             nonlocal repo
-            repo = m.group("repo") or repo
             path = m.group("path")
+            if "/" not in path and not m.group("repo"):
+                return m.group(0)  # a root file (README.md) only right after its owner/repo
+            repo = m.group("repo") or repo
             if repo is None or commit is None:
                 return m.group(0)
             url = f"https://github.com/{repo}/blob/{commit}/{path}"
@@ -616,7 +618,11 @@ def catalogue() -> str:
     import inspect
 
     from simkit import mappings
-    from simkit.mappings.preset_sources import PRESET_SOURCES
+    from simkit.mappings.preset_sources import (
+        MAPPING_SOURCES,
+        PRESET_SOURCES,
+        VERL_PRESET_CHANGES,
+    )
 
     rows = [
         "| name | level | ratio | defaults | presets |",
@@ -656,6 +662,8 @@ def catalogue() -> str:
             f"[Notation and formulas](reference.md#mappings)",
             "",
         ]
+        if name in MAPPING_SOURCES:
+            lines += [f"**Sources**: {linkify_source(MAPPING_SOURCES[name])}", ""]
         if presets:
             lines += ["| preset | hyperparameters | from | source |", "|---|---|---|---|"]
             for preset, hp in presets.items():
@@ -671,7 +679,26 @@ def catalogue() -> str:
             "",
         ]
         sections.append("\n".join(lines))
-    return "\n".join(rows) + "\n\n" + "\n".join(sections)
+    return "\n".join(rows) + "\n\n" + verl_changes(VERL_PRESET_CHANGES) + "\n".join(sections)
+
+
+def verl_changes(changes) -> str:
+    """Markdown table of the verl presets re-checked between b178a3c and 1dda039."""
+    lines = [
+        "## verl presets: b178a3c → 1dda039 {#verl-presets-1dda039}",
+        "",
+        "Every preset taken from verl, re-checked at "
+        "[verl-project/verl@1dda039](https://github.com/verl-project/verl/tree/1dda039) "
+        "against [volcengine/verl@b178a3c](https://github.com/volcengine/verl/tree/b178a3c) "
+        "(`simkit.mappings.preset_sources.VERL_PRESET_CHANGES`).",
+        "",
+        "| mapping | preset | at 1dda039 | what changed |",
+        "|---|---|---|---|",
+    ]
+    for name, preset, status, note in changes:
+        anchor = name.replace("_", "-")
+        lines.append(f"| [`{name}`](#{anchor}) | `{preset}` | **{status}** | {_md_escape(note)} |")
+    return "\n".join(lines) + "\n\n"
 
 
 # --- the figure gallery -------------------------------------------------------------------------

@@ -327,7 +327,7 @@ assert last[("frozen λ (SFT)", "clipped fraction")] > last[("surrogate (PPO)", 
 #
 # ## Exercise 5 — masks, truncations, smooth reshapings
 #
-# For the 22 scalar mappings of the registry (and the log-normal gate of exercise 2, now
+# For the 23 scalar mappings of the registry (and the log-normal gate of exercise 2, now
 # registered too), on a fine grid of ratios: can φ reach 0 at a positive ratio (for A > 0,
 # for A < 0)? Is it bounded (φ at w = 10⁸ below 100)? Is it continuous (no jump larger
 # than 0.05 between grid points 10⁻⁴ apart; the steepest continuous φ here, LUFFY's near

@@ -112,6 +112,13 @@ def dp_applies(env, mapping, aggregation: str) -> str:
         return f"aggregation {aggregation!r} has a random per-sample Z"
     if aggregation == "token-mean" and not env.fixed_length:
         return "aggregation 'token-mean' has a random Z when lengths vary (eos)"
+    if mapping.has_additive:
+        return (
+            f"mapping {mapping.name!r} has an additive per-token term (−β·log r): no moment "
+            "DP for it (the enumeration path is exact)"
+        )
+    if has_probability_phi(mapping):  # c_t from π(y_t|s_t) and μ(y_t|s_t): still per token
+        return ""
     if mapping.batch_dependent or not isinstance(mapping, ScalarMapping):
         return f"mapping {mapping.name!r} has no per-token or product-form coefficient"
     if mapping.level == "token" and mapping.ratio_kind == "token":
@@ -119,6 +126,30 @@ def dp_applies(env, mapping, aggregation: str) -> str:
     if mapping.name in PRODUCT_MAPPINGS:
         return ""
     return f"mapping {mapping.name!r} has no per-token or product-form coefficient"
+
+
+def has_probability_phi(mapping) -> bool:
+    """True for a token-level mapping whose coefficient is a function of the token's own π and
+    μ probabilities (``phi_probs(p, q, positive)``: DPPO), which the token-level DP evaluates
+    on its probability tables."""
+    return (
+        mapping.level == "token"
+        and not mapping.batch_dependent
+        and callable(getattr(mapping, "phi_probs", None))
+    )
+
+
+def token_phi_tables(mapping, P: np.ndarray, M: np.ndarray):
+    """(c⁺, c⁻): the coefficient at A ≥ 0 and A < 0 on probability tables P = π, M = μ (same
+    shape), 0 where μ = 0: ``phi_probs`` where the mapping has one, else φ(π/μ)."""
+    if has_probability_phi(mapping):
+        c_pos, c_neg = mapping.phi_probs(P, M, True), mapping.phi_probs(P, M, False)
+    else:
+        R = _ratio(P, M, 1.0)
+        c_pos, c_neg = mapping.phi(R, True), mapping.phi(R, False)
+    if not M.all():
+        c_pos, c_neg = np.where(M > 0, c_pos, 0.0), np.where(M > 0, c_neg, 0.0)
+    return c_pos, c_neg
 
 
 def moments(env, mu, mapping, baseline: float, aggregation="seq-mean-token-sum", max_length=None):
@@ -300,10 +331,7 @@ def token_level_moments(env, mu, mapping, b: float, inv_z: float = 1.0) -> Token
     second = abs_sum = sq_sum = 0.0
     for t0, t1 in _position_blocks(env, env.T):
         P, M = _rows(env, env.pi, t0, t1), _rows(env, mu, t0, t1)
-        R = _ratio(P, M, 1.0)
-        c_pos, c_neg = mapping.phi(R, True), mapping.phi(R, False)
-        if not M.all():
-            c_pos, c_neg = np.where(M > 0, c_pos, 0.0), np.where(M > 0, c_neg, 0.0)
+        c_pos, c_neg = token_phi_tables(mapping, P, M)
         # sequential part: the backward values (Q of every position of the block is kept)
         Qb = np.empty((t1 - t0, m, env.S, env.V))
         log_qb = np.empty((t1 - t0, m))
@@ -462,6 +490,11 @@ def composed_dp_applies(
     why = dp_applies(env, mapping, aggregation)
     if why:
         return why
+    if has_probability_phi(mapping):
+        return (
+            f"mapping {mapping.name!r} reads π and π_old themselves (no composed moment DP for "
+            "it yet)"
+        )
     if _factor(correction) is None:
         return (
             f"correction {correction.name!r} is not a per-token or product-form factor "

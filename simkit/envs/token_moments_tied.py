@@ -65,13 +65,13 @@ from simkit.envs.token_moments import (
     _kernels_of,
     _position_blocks,
     _product_kernels,
-    _ratio,
     _rows,
     composed_dp_applies,
     composed_legs,
     dp_applies,
     sequence_moments,
     token_level_moments,
+    token_phi_tables,
 )
 
 
@@ -108,11 +108,7 @@ def tied_moments(
 
         def tables(t0: int, t1: int):
             P, M = _rows(env, env.pi, t0, t1), _rows(env, mu, t0, t1)
-            R = _ratio(P, M, 1.0)
-            c_pos, c_neg = mapping.phi(R, True), mapping.phi(R, False)
-            if not M.all():
-                c_pos, c_neg = np.where(M > 0, c_pos, 0.0), np.where(M > 0, c_neg, 0.0)
-            return P, M, (c_pos, c_neg)
+            return P, M, token_phi_tables(mapping, P, M)
 
     else:
         untied = sequence_moments(env, mu, mapping, b, inv_z)

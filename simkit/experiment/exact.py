@@ -136,29 +136,40 @@ def exact_moments(
         atoms = penalised_support(env, mu, ref, est.kl, baseline, atoms)
     mask = np.asarray(atoms.mask, dtype=bool)  # (M, T)
     old_lr = old_log_ratio_of(env, old, mu, atoms)
-    c = est.coefficients(atoms.log_ratio, mask, atoms.advantage_sign, old_log_ratio=old_lr)
+    log_prob = legs.log_prob_for(est, env, atoms)  # log π of each token (DPPO, GEPO)
+    c = est.coefficients(
+        atoms.log_ratio, mask, atoms.advantage_sign, old_log_ratio=old_lr, log_prob=log_prob
+    )
     check_finite_coefficients(est, c, mask, "tokens of the support")
-    per_token = c * _atom_weights(est, atoms, mask, old_lr)  # c_t·a_t, (M, T)
+    weights = _atom_weights(est, atoms, mask, old_lr)
+    per_token = c * weights  # c_t·a_t, (M, T)
     first = env.accumulate(atoms.actions, per_token * atoms.adv_first[:, None])  # E h, (D,)
-    loss_kl = None
+    # per-token terms not proportional to A (λ += v): a KL penalty in the loss, a mapping's
+    # additive term b (DRO, DPPO's penalty); h = A·u + v, so E h gains Σ_atoms P(atom)·v
+    additive = None
     if est.kl is not None and est.kl.where == "loss":
         x = kl_mod.token_log_ratio_to_ref(
             env, ref, mu, atoms.actions, mask, atoms.log_ratio, getattr(atoms, "states", None)
         )
         # λ^KL of each atom seen as a batch of one (its own aggregation weight), (M, T)
-        loss_kl = est.kl_loss_weights(x[:, None, :], atoms.log_ratio[:, None, :], mask[:, None, :])[
-            :, 0, :
-        ]
-        first = first + env.accumulate(atoms.actions, loss_kl * atoms.prob[:, None])
+        additive = est.kl_loss_weights(
+            x[:, None, :], atoms.log_ratio[:, None, :], mask[:, None, :]
+        )[:, 0, :]
+    b = est.additive_terms(atoms.log_ratio, mask, log_prob)
+    if b is not None:
+        additive = b * weights if additive is None else additive + b * weights
+    if additive is not None:
+        first = first + env.accumulate(atoms.actions, additive * atoms.prob[:, None])
     if params == "tied":
         first = tie(first, env.T)
     norms = _atom_score_norms_sq(env, atoms.actions, per_token, params)
     second = float(np.sum(atoms.adv_second * norms))
-    if loss_kl is not None:
-        v_sq = _atom_score_norms_sq(env, atoms.actions, loss_kl, params)
-        uv = 0.5 * (_atom_score_norms_sq(env, atoms.actions, per_token + loss_kl, params))
-        uv -= 0.5 * (norms + v_sq)
-        second += float(np.sum(2.0 * atoms.adv_first * uv + atoms.prob * v_sq))
+    if additive is not None:
+        # E‖h‖² = Σ_atoms E[A²1]‖u‖² + 2·E[A·1]·u·v + P(atom)·‖v‖², u·v from three norms
+        norms_v = _atom_score_norms_sq(env, atoms.actions, additive, params)
+        norms_uv = _atom_score_norms_sq(env, atoms.actions, per_token + additive, params)
+        cross = 0.5 * (norms_uv - norms - norms_v)
+        second += float(np.sum(2.0 * atoms.adv_first * cross + atoms.prob * norms_v))
     var_one = max(second - float(first @ first), 0.0)
     abs_c = np.abs(c) * mask
     mean_length = float(atoms.prob @ mask.sum(axis=1))

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from simkit import experiment, mappings, shifts
+from simkit import experiment, legs, mappings, shifts
 from simkit.envs import Bandit
 from simkit.envs.random_instances import bandit_factory, behaviour_factory
 from simkit.experiment.ensemble import ensemble
@@ -88,7 +88,7 @@ class Config:
     reps: int = 400
     n_boot: int = 400
     seed: int = 0
-    mapping_names: tuple[str, ...] | None = None  # None: every registered mapping
+    mapping_names: tuple[str, ...] | None = None  # None: _common.figure_mappings()
     instances: int = 20  # random bandits of the ensemble behind the rankings (0: none)
     ensemble_chi2: tuple[float, ...] = (1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0)
 
@@ -244,7 +244,8 @@ def zero_fractions(env: Bandit, mu, ests) -> tuple[dict, dict]:
         m = est.mapping
         zero[est.name] = outside[est.name] = float("nan")
         if not m.batch_dependent:
-            c = m.coefficients(support.log_ratio, support.mask, support.advantage_sign)
+            kw = {"log_prob": legs.log_prob_for(est, env, support)} if m.requires_log_prob else {}
+            c = m.coefficients(support.log_ratio, support.mask, support.advantage_sign, **kw)
             zero[est.name] = float(support.prob @ (np.asarray(c)[:, 0] == 0))
         if hasattr(m, "eps_low") and hasattr(m, "eps_high"):
             out = (r < 1 - m.eps_low) | (r > 1 + m.eps_high)

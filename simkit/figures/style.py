@@ -6,13 +6,14 @@ Families of the notation page share a hue (shades and line styles tell members a
 family                 hue          members
 =====================  ===========  ===================================================
 reference              black        naive
-classic IS             blues        is_token, is_seq, power, snis, psis, soft_shrink
-clipping               oranges      ppo_clip, dual_clip, dapo, aspo, clip_cov, kl_cov
-geometric mean         greens       gspo, gmpo, geo_mask
+classic IS             blues        is_token, is_seq, power, snis, psis, soft_shrink, gepo
+clipping               oranges      ppo_clip, dual_clip, dapo, aspo, clip_cov, kl_cov,
+                                    dppo_tv, dppo_kl, dro
+geometric mean         greens       gspo, gmpo, geo_mask, luspo, segment_is
 smooth gates           purples      sapo, luffy
 truncation             browns       cispo, tis_token, tis_seq
 masking                magentas     mis_token, mis_seq, icepop, opsm, token_veto, m2po, topr,
-                                    kl_rs
+                                    kl_rs, rollout_is
 VESPO                  teal         vespo
 =====================  ===========  ===================================================
 
@@ -52,6 +53,7 @@ MAPPING_STYLES: dict[str, MappingStyle] = {
     "snis": _s("classic IS", "#4292c6", ":", "D"),
     "psis": _s("classic IS", "#084594", "--", "P"),
     "soft_shrink": _s("classic IS", "#3f7fbf", (0, (5, 1, 1, 1, 1, 1)), "X"),
+    "gepo": _s("classic IS", "#9ecae1", (0, (1, 1)), "h"),
     # clipping: oranges / reds
     "ppo_clip": _s("clipping", "#d94801", "-", "o"),
     "dual_clip": _s("clipping", "#f16913", "--", "s"),
@@ -59,10 +61,15 @@ MAPPING_STYLES: dict[str, MappingStyle] = {
     "aspo": _s("clipping", "#a63603", ":", "D"),
     "clip_cov": _s("clipping", "#fdae6b", (0, (3, 1, 1, 1)), "X"),
     "kl_cov": _s("clipping", "#e6550d", (0, (1, 1)), "P"),
+    "dppo_tv": _s("clipping", "#7f2704", "-", "*"),
+    "dppo_kl": _s("clipping", "#7f2704", "--", "h"),
+    "dro": _s("clipping", "#f03b20", "-", "d"),
     # geometric mean: greens
     "gspo": _s("geometric mean", "#238b45", "-", "o"),
     "gmpo": _s("geometric mean", "#41ab5d", "--", "s"),
     "geo_mask": _s("geometric mean", "#00441b", "-.", "^"),
+    "luspo": _s("geometric mean", "#74c476", ":", "D"),
+    "segment_is": _s("geometric mean", "#006d2c", (0, (3, 1, 1, 1)), "X"),
     # smooth gates: purples
     "sapo": _s("smooth gate", "#6a51a3", "-", "o"),
     "luffy": _s("smooth gate", "#9e9ac8", "--", "s"),
@@ -79,6 +86,7 @@ MAPPING_STYLES: dict[str, MappingStyle] = {
     "m2po": _s("masking", "#7a0177", "--", "P"),
     "topr": _s("masking", "#ae017e", (0, (3, 1, 1, 1)), "*"),
     "kl_rs": _s("masking", "#f768a1", (0, (5, 2)), "h"),
+    "rollout_is": _s("masking", "#fa9fb5", "-", "d"),
     # VESPO: teal
     "vespo": _s("VESPO", "#01665e", "-", "h"),
 }

@@ -154,6 +154,15 @@ class LeafEnv:
     def log_ratio(self, mu="mu") -> np.ndarray:
         return np.where(self.mask, self.log_pi_tok - self.token_log_prob(mu), 0.0)
 
+    def target_token_log_prob(self, actions, mask, states=None) -> np.ndarray:
+        """log π of the tokens of a batch or support given by their edge ids ``actions``
+        (shape of ``mask``, 0 on padding): every edge is one (node, token), so its log π is
+        the ``log_pi_tok`` of any leaf through it (:func:`simkit.legs.target_log_prob`)."""
+        table = np.zeros(int(self.edges.max(initial=0)) + 1)
+        table[self.edges[self.mask]] = self.log_pi_tok[self.mask]
+        m = np.asarray(mask, dtype=bool)
+        return np.where(m, table[np.asarray(actions)], 0.0)
+
     # --- exact path -------------------------------------------------------------------------
 
     def support(self, mu, baseline: float = 0.0, budget: int | None = None) -> TokenSupport:

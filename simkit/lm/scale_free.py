@@ -42,7 +42,14 @@ def exact_row(env, mu, estimator, n: int) -> dict[str, float]:
     out = scale_free(moments.mean, moments.variance, env.grad_J())
     atoms = env.support(mu, oracle_baseline(env, mu, estimator))
     mask = np.asarray(atoms.mask, dtype=bool)
-    c = estimator.coefficients(atoms.log_ratio, mask, atoms.advantage_sign)
+    from simkit import legs
+
+    c = estimator.coefficients(
+        atoms.log_ratio,
+        mask,
+        atoms.advantage_sign,
+        log_prob=legs.log_prob_for(estimator, env, atoms),  # DPPO: log π
+    )
     out.update(kept_fractions(np.where(mask, c, 0.0), mask, atoms.prob))
     return out
 

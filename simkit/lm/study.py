@@ -129,12 +129,12 @@ def estimator_token_weights(
     """λ (N, T) with ĝ = Σ λ_{i,t} ∇ log π(y_{i,t}), and the mapping's coefficients c (N, T).
 
     ``loss_path="torch"``: λ = −∂loss/∂log_prob of :func:`simkit.lm.losses.policy_loss` (the
-    trainer's loss, autograd in float64); ``"numpy"``: λ = c·A/Z of
-    :meth:`simkit.estimators.Estimator.token_weights`. The two agree (the losses' registry
-    consistency test). c always comes from the numpy registry (for ESS and k̂). Inputs are numpy
-    arrays: ``log_prob`` = log π, ``old_log_prob`` = log μ of the sampled tokens, ``mask``
-    (N, T) bool, ``rewards`` (N,), ``J`` the baseline of the ``oracle`` advantage. Leading
-    batch axes (L..., N, T) are independent batches.
+    trainer's loss, autograd in float64); ``"numpy"``: λ = (c·A + b)/Z of
+    :meth:`simkit.estimators.Estimator.token_weights` (b the additive term of dro). The two
+    agree (the losses' registry consistency test). c always comes from the numpy registry (for
+    ESS and k̂). Inputs are numpy arrays: ``log_prob`` = log π, ``old_log_prob`` = log μ of the
+    sampled tokens, ``mask`` (N, T) bool, ``rewards`` (N,), ``J`` the baseline of the ``oracle``
+    advantage. Leading batch axes (L..., N, T) are independent batches.
     """
     est = as_estimator(estimator)
     if loss_path not in LOSS_PATHS:
@@ -152,9 +152,13 @@ def estimator_token_weights(
         raise ValueError(f"rewards must have shape {log_prob.shape[:-1]}, got {rewards.shape}")
     log_ratio = np.where(mask, log_prob - old, 0.0)
     adv = est.advantages(rewards, J)
-    c = est.coefficients(log_ratio, mask, adv, log_prob=np.where(mask, log_prob, 0.0))
+    lp = np.where(mask, log_prob, 0.0)
+    c = est.coefficients(log_ratio, mask, adv, log_prob=lp)
     if loss_path == "numpy":
-        return c * adv[..., None] * est.aggregation_weights(mask), c
+        weights = est.aggregation_weights(mask)
+        lam = c * adv[..., None] * weights
+        b = est.additive_terms(log_ratio, mask, lp)  # dro, dppo with beta > 0
+        return (lam if b is None else lam + b * weights), c
     if log_prob.ndim > 2:
         lead = log_prob.shape[:-2]
         flat = [

@@ -11,6 +11,11 @@ every mapping, in this order of ``available()``:
 - :mod:`~simkit.mappings.vespo` (C): vespo (and the pure kernels ``vespo_phi``, ``vespo_f``)
 - :mod:`~simkit.mappings.rejection` (C): kl_rs (verl's divergence rejection, k2/k3 criteria)
 - :mod:`~simkit.mappings.covariance` (B): clip_cov, kl_cov (covariance-targeted PPO)
+- :mod:`~simkit.mappings.dro` (B): dro (REINFORCE + β/2·(log r)², an additive per-token term)
+- :mod:`~simkit.mappings.dppo` (B): dppo_tv, dppo_kl (trust region on the token probability)
+- :mod:`~simkit.mappings.luspo` (B): luspo (GSPO scaled by |y|)
+- :mod:`~simkit.mappings.rollout` (C): rollout_is (SkyRL), segment_is (ROLL)
+- :mod:`~simkit.mappings.gepo` (C): gepo (group-expectation weight, batch dependent)
 
 :mod:`~simkit.mappings.psis` holds the Pareto smoothing (``psis_smooth``, ``psis_khat``).
 """
@@ -25,6 +30,11 @@ from simkit.mappings import masking  # noqa: F401
 from simkit.mappings import vespo  # noqa: F401
 from simkit.mappings import rejection  # noqa: F401
 from simkit.mappings import covariance  # noqa: F401
+from simkit.mappings import dro  # noqa: F401
+from simkit.mappings import dppo  # noqa: F401
+from simkit.mappings import luspo  # noqa: F401
+from simkit.mappings import rollout  # noqa: F401
+from simkit.mappings import gepo  # noqa: F401
 
 # isort: on
 from simkit.mappings.base import (

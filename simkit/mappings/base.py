@@ -18,6 +18,18 @@ mean ``s``) subclass :class:`ScalarMapping` and also expose ``phi(w, positive=Tr
 coefficient as a function of the ratio) and ``f(w, positive=True)`` (a surrogate ``F`` with
 ``w · F'(w) = phi(w)``).
 
+Two optional extensions of the contract (issue 24):
+
+- ``requires_log_prob``: the coefficient needs log π itself, not only the log-ratio (DPPO's
+  trust region acts on the probability difference π − μ): ``coefficients(..., log_prob=...)``
+  with ``log_prob`` (N, T) = log π is then mandatory (log μ = log π − log_ratio), and every
+  caller passes it (:mod:`simkit.composition`, the experiment's exact and Monte Carlo paths,
+  the token DP through :meth:`Mapping.phi_probs`, the torch loss).
+- ``additive`` (instance property ``has_additive``): a per-token term b that is not
+  proportional to A (DRO's −β·log r_t, the gradient of the penalty β/2·(log r_t)²); the
+  gradient is then ``g = (1/Z) Σ_i Σ_t (c_{i,t}·A_i + b_{i,t}) · ∇θ log πθ(y_{i,t}|s_{i,t})``,
+  with ``additive(log_ratio, mask, log_prob=None) -> b`` (N, T), 0 on padding.
+
 Class attributes describe each mapping for the test battery and the experiment runner:
 
 - ``level``: ``"token"`` (c_t depends on r_t), ``"sequence"`` (one value per sequence, from W or s
@@ -77,6 +89,20 @@ class Mapping:
     stochastic: ClassVar[bool] = False
     #: True when ``coefficients`` also reads log π itself (keyword ``log_prob``, (N, T))
     uses_log_prob: ClassVar[bool] = False
+    #: True when ``coefficients`` cannot be computed without ``log_prob`` (DPPO): every caller
+    #: must pass log π (a ``ValueError`` names the keyword otherwise)
+    requires_log_prob: ClassVar[bool] = False
+
+    @property
+    def has_additive(self) -> bool:
+        """True when :meth:`additive` is not identically 0 (DRO, DPPO with ``beta`` > 0)."""
+        return False
+
+    def additive(self, log_ratio, mask, log_prob=None) -> np.ndarray:
+        """The additive per-token gradient term b (N, T), 0 on padding (module docstring):
+        g = (1/Z) Σ (c·A + b)·∇log π. Zeros for a mapping without one."""
+        lr, _, _ = check_batch(log_ratio, mask, np.zeros(np.shape(log_ratio)[:1]))
+        return np.zeros(lr.shape)
 
     def kept_mask(self, log_ratio, mask, advantages) -> np.ndarray:
         """Tokens kept by this mapping's rejection, (N, T) bool (the aggregation option

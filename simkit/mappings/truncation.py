@@ -306,7 +306,16 @@ class IcePop(TokenMIS):
 
     Ling team, "Every step evolves: scaling reinforcement learning for trillion-scale thinking
     model" (Ring-1T), arXiv 2510.18855: c_t = r_t·1[α ≤ r_t ≤ β], (α, β) = (0.5, 5). The same
-    formula as :class:`TokenMIS` (presets ``icepop`` and ``trl``).
+    formula as :class:`TokenMIS` (presets ``icepop``, ``trl`` and ``verl``: verl 1dda039's
+    ``decoupled_token_icepop`` / ``bypass_pg_token_icepop``, a ``"lower_upper"`` threshold string
+    "0.5_5.0" that zeroes the token IS weight outside [0.5, 5]).
     """
 
     name = "icepop"
+    presets: ClassVar[dict[str, dict]] = {
+        "icepop": {"c_low": 0.5, "c_high": 5.0},
+        "trl": {"c_low": 0.0, "c_high": 3.0},
+        # verl 1dda039: RolloutCorrectionConfig.decoupled_token_icepop / bypass_pg_token_icepop,
+        # rollout_is="token", rollout_is_threshold "0.5_5.0" (zero outside [0.5, 5])
+        "verl": {"c_low": 0.5, "c_high": 5.0},
+    }

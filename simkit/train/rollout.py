@@ -302,12 +302,21 @@ def optimizer_step(
     log_ratio = np.where(mask, log_pi.take(ro.flat_index[rows]) - ro.log_mu_tok[rows], 0.0)
     est = config.estimator
     adv = ro.advantages[rows]
+    # log π of the drawn tokens, for the mappings that need it (DPPO, GEPO; clip_cov and kl_cov
+    # keep their log-ratio stand-in, as on the experiment's paths)
+    lp = None
+    if est.mapping.requires_log_prob:
+        lp = np.where(mask, log_pi.take(ro.flat_index[rows]), 0.0)
     if getattr(est, "correction", None) is not None:  # a composed estimator: π/π_old × π_old/μ
         old_log_ratio = old_log_ratio_of(config, ro, rows, j, log_ratio, mask)
-        coef = est.coefficients(log_ratio, mask, adv, old_log_ratio=old_log_ratio)
+        coef = est.coefficients(log_ratio, mask, adv, old_log_ratio=old_log_ratio, log_prob=lp)
     else:
-        coef = est.coefficients(log_ratio, mask, adv)
-    lam = coef * adv[:, None] * est.aggregation_weights(mask)
+        coef = est.coefficients(log_ratio, mask, adv, log_prob=lp)
+    weights = est.aggregation_weights(mask)
+    lam = coef * adv[:, None] * weights
+    additive = est.additive_terms(log_ratio, mask, lp)  # dro: λ = (c·A + b)/Z
+    if additive is not None:
+        lam = lam + additive * weights
     if len(env_js) == 1:
         g_logits = accumulate_tokens(
             env_js[0], ro.actions[rows], lam, states=ro.states[rows], mask=mask

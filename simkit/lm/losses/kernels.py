@@ -502,6 +502,116 @@ def _kl_cov(m, b: _Batch) -> _Terms:
     )
 
 
+def _log_ratio_penalty(m, b: _Batch, terms: _Terms) -> _Terms:
+    """``terms`` plus the dense penalty β/2·(log r_t)² (derivative β·log r_t) on every position
+    (0 on padding, where log r = 0): DRO, and DPPO with ``beta`` > 0 (prime-rl's kl_tau)."""
+    if not m.beta > 0:
+        return terms
+    lr = b.log_ratio.detach().reshape(-1)
+    index = torch.arange(lr.numel(), device=lr.device)
+    return _Terms(
+        tok=terms.tok,
+        dtok=terms.dtok,
+        n_clipped=terms.n_clipped,
+        penalty=lr * lr * (0.5 * m.beta),
+        dpenalty=lr * m.beta,
+        penalty_index=index,
+    )
+
+
+def _dro(m, b: _Batch) -> _Terms:
+    """verl ``compute_policy_loss_dro`` (1dda039): loss −(A·log π − β/2·(log r)²); here F = log r
+    (c = 1; the value differs from verl's by −A·log μ, which has no gradient) plus the penalty."""
+    lr = b.log_ratio.detach()
+    return _log_ratio_penalty(m, b, _Terms(tok=lr, dtok=torch.ones_like(lr), n_clipped=None))
+
+
+def _dppo(m, b: _Batch) -> _Terms:
+    """verl ``compute_policy_loss_dppo_tv`` / ``_kl`` (1dda039): c = min(exp(clip(log r, ±L)), C)
+    on the tokens whose probability did not leave the trust region in the direction of A
+    (:mod:`simkit.mappings.dppo`); F = c·log r (value up to −A·c·log μ, no gradient)."""
+    with torch.no_grad():
+        lr = b.log_ratio.detach()
+        log_p = b.log_prob  # 0 on padding: p = q = 1 there, always kept
+        log_q = log_p - lr
+        L = float(m.max_log_ratio)
+        r = torch.exp(torch.clamp(lr, -L, L))
+        if math.isfinite(m.c):
+            r = torch.clamp(r, max=float(m.c))
+        p, q = torch.exp(log_p), torch.exp(log_q)
+        positive = b.positive[:, None]
+        if m.divergence == "tv":
+            diff = p - q
+            kept = torch.where(positive, diff <= m.eps_high, diff >= -m.eps_low)
+        else:
+            eps = float(m.kl_eps)
+            first = torch.where(q > 0, q * (log_q - log_p), 0.0)
+            second = (1.0 - q) * torch.log(
+                (-torch.expm1(log_q) + eps) / (-torch.expm1(log_p) + eps)
+            )
+            kl = first + second
+            kept = torch.where(
+                positive, (kl <= m.eps_high) | (p <= q), (kl <= m.eps_low) | (p >= q)
+            )
+        c = torch.where(kept, r, 0.0)
+        dropped = b.mask & ~kept
+    terms = _Terms(tok=c * lr, dtok=c, n_clipped=lambda: b.count_flags(dropped))
+    return _log_ratio_penalty(m, b, terms)
+
+
+def _luspo(m, b: _Batch) -> _Terms:
+    """TRL ``loss_type="luspo"`` (f2cd577): GSPO's per-token F and c, times the row's length."""
+    terms = _gspo(m.gspo, b)
+    n = b.lengths[:, None]
+    return _Terms(tok=terms.tok * n, dtok=terms.dtok * n, n_clipped=terms.n_clipped)
+
+
+def _rollout_is(m, b: _Batch) -> _Terms:
+    """SkyRL ``rollout_is_policy_loss``: c = exp(clip(log r, ±20))·1[1−ε_low < r < 1+ε_high]."""
+    lr = b.log_ratio
+    lo, hi = m.bounds
+    L = float(m.max_log_ratio)
+    keep = (lr > _log(lo)) & (lr < math.log(hi))  # open band, on log r as simkit.mappings
+    c = torch.exp(torch.clamp(lr, -L, L)) * keep.to(lr.dtype)
+    return _Terms(tok=c, n_clipped=lambda: b.count_flags(~keep & b.mask))
+
+
+def _segment_is(m, b: _Batch) -> _Terms:
+    """ROLL's segment IS weight: c_t = min(exp(mean log r over t's run of valid tokens), U)."""
+    mask = b.mask
+    prev = torch.zeros_like(mask)
+    prev[:, 1:] = mask[:, :-1]
+    starts = (mask & ~prev).reshape(-1)
+    ids = torch.cumsum(starts.to(torch.int64), 0) - 1
+    valid = mask.reshape(-1)
+    n_seg = int(starts.sum())
+    lr = b.log_ratio.reshape(-1)
+    sums = torch.zeros(n_seg, dtype=lr.dtype, device=lr.device).index_add_(0, ids[valid], lr[valid])
+    counts = torch.bincount(ids[valid], minlength=n_seg).to(lr.dtype)
+    mean = torch.zeros_like(lr)
+    mean[valid] = (sums / counts.clamp(min=1))[ids[valid]]
+    cap = min(float(m.max_log_ratio), math.log(m.upper_bound))
+    c = torch.exp(torch.clamp(mean, max=cap)).reshape(mask.shape)
+    capped = (mean > math.log(m.upper_bound)).reshape(mask.shape) & mask
+    return _Terms(tok=c, n_clipped=lambda: b.count_flags(capped))
+
+
+def _gepo(m, b: _Batch) -> _Terms:
+    """GEPO (arXiv 2508.17850): w_i = π(y_i)/(Σ_j μ_j²/Σ_j μ_j) per group, in log space."""
+    log_pi = b.log_prob.sum(dim=1)  # log_prob is 0 on padding
+    log_mu = log_pi - b.log_w
+    N = log_pi.shape[0]
+    G = N if m.group_size is None else int(m.group_size)
+    if N == 0:
+        return _Terms(seq=log_pi.clone())
+    if N % G:
+        raise ValueError(f"gepo: the batch size N = {N} is not divisible by group_size = {G}")
+    lm = log_mu.reshape(N // G, G)
+    log_e = torch.logsumexp(2.0 * lm, dim=1) - torch.logsumexp(lm, dim=1)
+    log_w = log_pi - torch.repeat_interleave(log_e, G)
+    return _Terms(seq=torch.exp(torch.clamp(log_w, max=m.max_log_ratio)))
+
+
 _KERNELS: dict[str, Callable[[Mapping, _Batch], _Terms]] = {
     "naive": _naive,
     "is_token": _is_token,
@@ -533,4 +643,11 @@ _KERNELS: dict[str, Callable[[Mapping, _Batch], _Terms]] = {
     "kl_rs": _kl_rs,
     "clip_cov": _clip_cov,
     "kl_cov": _kl_cov,
+    "dro": _dro,
+    "dppo_tv": _dppo,
+    "dppo_kl": _dppo,
+    "luspo": _luspo,
+    "rollout_is": _rollout_is,
+    "segment_is": _segment_is,
+    "gepo": _gepo,
 }

@@ -53,6 +53,13 @@ FORMS: dict[str, str] = {
     "kl_rs": DETACHED,
     "clip_cov": SURROGATE,
     "kl_cov": SURROGATE,
+    "dro": SURROGATE,
+    "dppo_tv": SURROGATE,
+    "dppo_kl": SURROGATE,
+    "luspo": SURROGATE,
+    "rollout_is": DETACHED,
+    "segment_is": DETACHED,
+    "gepo": DETACHED,
 }
 
 #: aggregation denominators: ``valid`` (every valid token, verl's new engine) or ``kept`` (the
@@ -228,7 +235,7 @@ def policy_loss(
             )
     log_w = log_ratio.sum(dim=1)
     log_s = log_w / lengths.clamp(min=1)  # 0 for an empty row (its log W is 0)
-    needs_log_prob = mapping.name in ("clip_cov", "kl_cov")
+    needs_log_prob = mapping.uses_log_prob  # clip_cov, kl_cov, dppo_tv, dppo_kl, gepo
     batch = _Batch(
         log_ratio,
         mask,
