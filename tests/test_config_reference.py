@@ -31,7 +31,8 @@ meaning, far above rounding.
 
 Columns added since the tables were saved are listed in :data:`ADDED` (issue 22: the scale-free
 error ``mse_zero`` … ``rel_mse_scaled``, the kept fractions and the planner's ``method`` /
-``why_mc``, with their bounds); the saved columns must still come in the same order with the
+``why_mc``, with their bounds; issue 26: the training table's ``dropped`` / ``waited`` counts of
+the ``max_off_policy`` filter); the saved columns must still come in the same order with the
 same values, and the added ones must be exactly those listed.
 """
 
@@ -60,7 +61,8 @@ ADDED = {
         "method",
         "why_mc",
     ),
-    "train_quick": (),
+    # issue 26: samples dropped / waited for per rollout by the max_off_policy filter (0 here)
+    "train_quick": ("dropped", "waited"),
 }
 
 
