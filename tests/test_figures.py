@@ -246,7 +246,7 @@ def test_bandit_bias_variance_data(bandit_data):
     data = bandit_data
     from simkit.figures import _common
 
-    names = _common.figure_mappings()  # the registry less NOT_YET_IN_FIGURES
+    names = _common.figure_mappings()  # the whole registry
     assert len(data) == len(names) * cfg.n_chi2 * len(cfg.ns)
     assert set(data.mapping) == set(names) and set(data.n) == set(cfg.ns)
     # μ dialed to the χ² grid (shifts.dial solves to 1e-8 relative)
@@ -433,10 +433,7 @@ def test_chosen_mappings_and_oracle_estimators():
 
     assert _common.chosen_mappings(("naive", "vespo")) == ["naive", "vespo"]
     assert _common.chosen_mappings(None) == _common.figure_mappings()
-    assert _common.figure_mappings() == [
-        n for n in mappings.available() if n not in _common.NOT_YET_IN_FIGURES
-    ]
-    assert set(_common.NOT_YET_IN_FIGURES) <= set(mappings.available())
+    assert _common.figure_mappings() == list(mappings.available())
     assert _common.chosen_mappings(None, ("is_seq",)) == ["is_seq"]
     assert _common.chosen_mappings((), ("is_seq",)) == []  # an empty choice is kept, not replaced
     per_sample = _common.per_sample_mappings()

@@ -186,17 +186,9 @@ def check_ratio_grid(w_max: float, n_points: int) -> None:
 SMALL_EXACT_MAPPINGS = ("naive", "is_token", "is_seq", "ppo_clip", "tis_seq", "vespo")
 
 
-#: mappings added by issue 24 (the 2026 catalogue) that the "every mapping" figures
-#: (``bandit_bias_variance``, ``mse_vs_T``, ``mse_vs_T_mc``) do not draw yet: including them
-#: changes those figures' shipped configs and needs a full-size regeneration (a merge-time
-#: decision); pass ``mapping_names`` to draw them
-NOT_YET_IN_FIGURES = ("dro", "dppo_tv", "dppo_kl", "luspo", "rollout_is", "segment_is", "gepo")
-
-
 def figure_mappings() -> list[str]:
-    """The registered mappings the "every mapping" figures draw (:data:`NOT_YET_IN_FIGURES`
-    left out)."""
-    return [n for n in mappings.available() if n not in NOT_YET_IN_FIGURES]
+    """The registered mappings the "every mapping" figures draw: all of them."""
+    return list(mappings.available())
 
 
 def per_sample_mappings() -> list[str]:
