@@ -53,12 +53,17 @@ def coefficient_unbounded(mapping, factor: float = 10.0) -> bool:
     sequence ratio W and the geometric mean s all equal w), so it applies to token- and
     sequence-level mappings alike. c = r (token IS), W (sequence IS), W^α (power, α > 0) and
     PPO clip's A < 0 branch are unbounded; truncation, masks, dual clip, VESPO and naive are not.
+    A mapping that needs log π (``requires_log_prob``) is probed at μ = e⁻²⁰ per token, so that
+    π = w·μ stays a probability up to w = 10⁸.
     """
     lo, hi = PROBE_RATIOS
     log_ratio = np.log(np.array([[lo], [hi], [lo], [hi]]))
     mask = np.ones_like(log_ratio, dtype=bool)
     advantages = np.array([1.0, 1.0, -1.0, -1.0])
-    c = np.abs(np.asarray(mapping.coefficients(log_ratio, mask, advantages))[:, 0])
+    kwargs = {}
+    if mapping.requires_log_prob:  # DPPO, GEPO: log π itself, with μ = e^-20 so that π ≤ 1
+        kwargs["log_prob"] = log_ratio - 20.0
+    c = np.abs(np.asarray(mapping.coefficients(log_ratio, mask, advantages, **kwargs))[:, 0])
     for small, large in ((c[0], c[1]), (c[2], c[3])):
         if large > factor and large >= factor * small:
             return True
