@@ -38,7 +38,11 @@ ASYNC_DEFAULTS = {
     "max_off_policy": None,
     "off_policy_strategy": "drop",
     "old_logp": "recompute",
+    "prompt_lag_p": None,
+    "record_logp": "true",
 }
+#: which version's log μ the trainer records for a token (``record_logp``)
+RECORD_LOGPS = ("true", "start", "assumed")
 #: how a composed estimator gets π_old (``old_logp``)
 OLD_LOGPS = ("recompute", "loglinear")
 
@@ -87,6 +91,19 @@ class TrainConfig:
         them; whole-sequence samples only, not with ``partial_hazard``). verl
         ``max_off_policy_strategy`` (``verl/trainer/ppo/v1/replay_buffer.py`` at 41c567c;
         threshold 8 versions spanned by default), TRL AsyncGRPO ``max_staleness``.
+    prompt_lag_p : None, or one geometric parameter per prompt (with ``lag_distribution``
+        ``"geometric"``): prompt k's samples come e rollouts further back with
+        P_k(e) ∝ (1 − p_k)^e — a difficulty-mixed prompt set where slow (hard) prompts are old
+        prompts (a small p_k). With ``max_off_policy`` ``"drop"`` their groups are evicted more
+        often and the batch is refilled from the next fresh groups of the prompt stream, so
+        their share of the trained batch falls (the ``prompt_rows`` column counts it).
+    record_logp : which version's log μ the trainer records for a token: ``"true"`` (default:
+        the version that generated it), ``"start"`` (the version its response started under)
+        or ``"assumed"`` (the rollout's nominal version θ_{max(rN − L, 0)}, the single version
+        a fixed-lag trainer believes); as ``record=`` of
+        :func:`simkit.experiment.versions.versioned_moments`. The ages of the table and of
+        ``old_logp = "loglinear"``'s α are the recorded version's for α, the true ones for the
+        ages.
     old_logp : how a composed estimator (a ``correction``) gets π_old: ``"recompute"``
         (default: θ at the rollout's start) or ``"loglinear"`` (AReaL's
         ``prox_logp_method="loglinear"``: log π_old ≈ log μ + α·(log π − log μ) per token,
@@ -119,6 +136,8 @@ class TrainConfig:
     max_off_policy: int | None = None
     off_policy_strategy: str = "drop"
     old_logp: str = "recompute"
+    prompt_lag_p: tuple | None = None
+    record_logp: str = "true"
     optimizer: str = "adam"
     lr: float = 1e-2
     beta1: float = 0.9
@@ -228,6 +247,28 @@ class TrainConfig:
             raise ValueError(
                 f"TrainConfig.old_logp must be one of {OLD_LOGPS}, got {self.old_logp!r}"
             )
+        if self.record_logp not in RECORD_LOGPS:
+            raise ValueError(
+                f"TrainConfig.record_logp must be one of {RECORD_LOGPS}, got {self.record_logp!r}"
+            )
+        if self.prompt_lag_p is not None:
+            ps = self.prompt_lag_p
+            if isinstance(ps, str) or not isinstance(ps, list | tuple) or not ps:
+                raise ValueError(
+                    f"TrainConfig.prompt_lag_p must be None or a non-empty list of numbers in "
+                    f"(0, 1], got {ps!r}"
+                )
+            for q in ps:
+                if isinstance(q, bool) or not isinstance(q, int | float) or not 0 < q <= 1:
+                    raise ValueError(
+                        f"TrainConfig.prompt_lag_p entries must be in (0, 1], got {q!r}"
+                    )
+            if self.lag_distribution != "geometric":
+                raise ValueError(
+                    "TrainConfig.prompt_lag_p needs lag_distribution 'geometric', got "
+                    f"{self.lag_distribution!r}"
+                )
+            object.__setattr__(self, "prompt_lag_p", tuple(float(q) for q in ps))
         if self.off_policy_strategy not in OFF_POLICY_STRATEGIES:
             raise ValueError(
                 f"TrainConfig.off_policy_strategy must be one of {OFF_POLICY_STRATEGIES}, got "
@@ -318,5 +359,7 @@ def config_dict(config: TrainConfig) -> dict:
             value = estimator_params(value)
         elif name == "mismatch":
             value = value.to_dict()
+        elif name == "prompt_lag_p":
+            value = list(value)
         out[name] = value
     return out

@@ -36,28 +36,37 @@ class VersionedDraw:
     mask: np.ndarray  # (B, T) bool
     rewards: np.ndarray  # (B,)
     flat_index: np.ndarray  # (B, T) intp into a (T, P, V) table
-    log_mu_tok: np.ndarray  # (B, T) log μ of the generating version, 0 on padding
+    log_mu_tok: np.ndarray  # (B, T) log μ the trainer records (config.record_logp), 0 on padding
     token_age: np.ndarray  # (B, T) int64 age (updates at rollout start) of each token's version
-    component: np.ndarray  # (B,) the row's component in ``behaviour``
-    dropped: int
-    waited: int
-    behaviour: V.VersionedBehaviour  # the rows' law after the filter
+    component: np.ndarray  # (B,) the row's component (one per group)
+    dropped: int  # rows of the groups evicted by max_off_policy 'drop' (then refilled)
+    waited: int  # rows of the groups trained at the oldest acceptable version ('wait')
+    behaviours: tuple  # (K,) each prompt's law of a trained row (after the filter)
+    prompt: np.ndarray  # (B,) int64 the prompt of each trained row (after the refills)
+    recorded_age: np.ndarray  # (B, T) int64 age of the version whose log μ is recorded
+    prompt_rows: np.ndarray  # (K,) trained rows per prompt
 
 
-def lag_start_weights(config: TrainConfig) -> np.ndarray:
-    """P(e), e = 0 … K: the lag distribution of a sample in rollouts beyond the lag."""
+def lag_start_weights(config: TrainConfig, p: float | None = None) -> np.ndarray:
+    """P(e), e = 0 … K: the lag distribution of a sample in rollouts beyond the lag (``p``:
+    the geometric parameter, ``config.lag_p`` by default)."""
     if config.lag_distribution == "fixed":
         return np.ones(1)
     if config.lag_distribution == "geometric":
-        return V.lag_weights("geometric", config.lag_rollouts_max, p=config.lag_p)
+        return V.lag_weights(
+            "geometric", config.lag_rollouts_max, p=config.lag_p if p is None else p
+        )
     return V.lag_weights("uniform", config.lag_rollouts_max)
 
 
-def version_steps(config: TrainConfig, index: int, behaviour_step) -> tuple[list, np.ndarray]:
+def version_steps(
+    config: TrainConfig, index: int, behaviour_step, p: float | None = None
+) -> tuple[list, np.ndarray]:
     """(steps, start): the distinct steps s whose θ_s the samples of rollout ``index`` come
     from, newest first (s = ``behaviour_step(index − e)``, e = 0 … K; early rollouts share
-    θ₀), and the probability of each (the lag weights of the e's that map to it)."""
-    w = lag_start_weights(config)
+    θ₀), and the probability of each (the lag weights of the e's that map to it; ``p`` as in
+    :func:`lag_start_weights`)."""
+    w = lag_start_weights(config, p)
     steps: list[int] = []
     start: list[float] = []
     for e, we in enumerate(w):
@@ -68,6 +77,21 @@ def version_steps(config: TrainConfig, index: int, behaviour_step) -> tuple[list
             steps.append(s)
             start.append(we)
     return steps, np.asarray(start)
+
+
+def prompt_starts(config: TrainConfig, index: int, behaviour_step, K: int):
+    """(steps, starts): the version steps of rollout ``index`` (:func:`version_steps`) and
+    the start law of each of the K prompts, (K, len(steps)): the same law for every prompt,
+    or prompt k's geometric law of parameter ``config.prompt_lag_p[k]`` (slow prompts)."""
+    if config.prompt_lag_p is None:
+        steps, start = version_steps(config, index, behaviour_step)
+        return steps, np.tile(start, (K, 1))
+    if len(config.prompt_lag_p) != K:
+        raise ValueError(
+            f"TrainConfig.prompt_lag_p has {len(config.prompt_lag_p)} entries for {K} prompts"
+        )
+    out = [version_steps(config, index, behaviour_step, p) for p in config.prompt_lag_p]
+    return out[0][0], np.stack([s for _, s in out])
 
 
 def behaviour_of(env, config: TrainConfig, log_mus: list, ages, start) -> V.VersionedBehaviour:
@@ -88,33 +112,88 @@ def _filtered(beh: V.VersionedBehaviour, config: TrainConfig) -> V.VersionedBeha
     return V.wait_stale(beh, config.max_off_policy)
 
 
+def _recorded_schedule(config: TrainConfig, sched: np.ndarray) -> np.ndarray:
+    """(T,) the version index (newest first) whose log μ the trainer records per position
+    (``config.record_logp``: ``"true"`` the generating one, ``"start"`` the one the response
+    started under, ``"assumed"`` the rollout's nominal version, index 0)."""
+    if config.record_logp == "true":
+        return sched
+    if config.record_logp == "start":
+        return np.full_like(sched, sched[0])
+    return np.zeros_like(sched)
+
+
 def draw_versioned(
-    envs, prompt: np.ndarray, config: TrainConfig, log_mus: list, ages, start, rng
+    envs, prompt: np.ndarray, config: TrainConfig, log_mus: list, ages, starts, rng, group: int
 ) -> VersionedDraw:
-    """Draw ``config.batch`` rows (module docstring); ``prompt`` (B,) the prompt of each row,
-    ``envs`` the prompts' token MDPs, ``log_mus`` the versions' log μ tables (newest first),
-    ``ages`` their ages, ``start`` the probability that a sample starts under each
-    (:func:`version_steps`), ``rng`` the sampling generator."""
-    B = config.batch
-    beh = behaviour_of(envs[0], config, log_mus, ages, start)
-    filtered = _filtered(beh, config)
-    if len(beh.components) == 1:  # one version: no draw (the synchronous run, bit for bit)
-        comp = np.zeros(B, dtype=np.int64)
-    else:
-        comp = rng.choice(len(beh.components), size=B, p=beh.weights)
-    ages = beh.component_ages()
-    dropped = waited = 0
-    if config.max_off_policy is not None:
-        old = ages[comp] > config.max_off_policy
-        if config.off_policy_strategy == "drop":
-            dropped = int(old.sum())
-            keep = np.flatnonzero(ages <= config.max_off_policy)
-            w = beh.weights[keep]
-            comp[old] = keep[rng.choice(keep.size, size=dropped, p=w / w.sum())]
-        else:
-            waited = int(old.sum())
-    tables = {}
+    """Draw ``config.batch`` rows (module docstring).
+
+    ``prompt`` (B,): the prompt of each row before the filter (group g → prompt g mod K);
+    ``envs`` the prompts' token MDPs; ``log_mus`` the versions' log μ tables (newest first),
+    ``ages`` their ages; ``starts`` (K, len(ages)) the probability that a sample of prompt k
+    starts under each (:func:`prompt_starts`); ``rng`` the sampling generator; ``group`` the
+    rows per group G (rows g·G … g·G + G − 1 form group g).
+
+    A group's G samples are generated together (verl ``rollout.n`` sessions of one prompt uid,
+    TRL AsyncGRPO): one component — start version and switch points — per group, drawn by
+    inverse CDF from its prompt's component law (one uniform per group, the draw of
+    ``Generator.choice``). ``drop``: a group older than ``max_off_policy`` is evicted whole and
+    the batch is refilled from the next fresh groups of the prompt stream (prompts continuing
+    the round-robin, each with its own lag law, filtered again), as verl's replay buffer does
+    for async trainers (evict k stale prompt groups, submit k fresh prompts, sample once the
+    batch is full: ``verl/trainer/ppo/v1/replay_buffer.py`` at verl-project/verl 41c567c,
+    ``_stale_terminal_keys`` / ``sample``): slow prompts lose their share of the batch.
+    ``wait``: the old group is trained at the oldest acceptable version."""
+    B, K = config.batch, len(envs)
     T, P, Vv = envs[0].logits.shape
+    g_of_row = np.arange(B) // group
+    n_groups = int(g_of_row[-1]) + 1
+    g_size = np.bincount(g_of_row)
+    prompt_g = prompt[np.arange(n_groups) * group].copy()
+    starts = np.asarray(starts, dtype=np.float64)
+    same = bool(np.all(starts == starts[0]))
+    if same:  # one law for every prompt: built once
+        behs = [behaviour_of(envs[0], config, log_mus, ages, starts[0])] * K
+    else:
+        behs = [behaviour_of(envs[0], config, log_mus, ages, s) for s in starts]
+    filtered = [_filtered(behs[0], config)] * K if same else [_filtered(b, config) for b in behs]
+    comp_ages = behs[0].component_ages()
+    C = len(behs[0].components)
+    cdfs = np.stack([np.cumsum(b.weights) for b in behs])
+    cdfs /= cdfs[:, -1:]
+
+    def draw(prompts):  # one component per group, from its prompt's law
+        u = rng.random(prompts.size)
+        return np.array(
+            [cdfs[k].searchsorted(x, side="right") for k, x in zip(prompts, u, strict=True)],
+            dtype=np.int64,
+        ).reshape(prompts.shape)
+
+    dropped = waited = 0
+    if C == 1:  # one version: no draw (the synchronous run, bit for bit)
+        comp_g = np.zeros(n_groups, dtype=np.int64)
+    else:
+        comp_g = draw(prompt_g)
+    if config.max_off_policy is not None and C > 1:
+        m = config.max_off_policy
+        if config.off_policy_strategy == "drop":
+            nxt = n_groups  # the next fresh group of the prompt stream
+            while True:
+                old = comp_ages[comp_g] > m
+                if not old.any():
+                    break
+                r = int(old.sum())
+                dropped += int(g_size[np.flatnonzero(old)].sum())
+                fresh = (nxt + np.arange(r)) % K
+                nxt += r
+                # kept groups stay in order; the refills take the evicted groups' slots in
+                # turn (slot sizes are those of the batch, so the rows stay B)
+                prompt_g[old] = fresh
+                comp_g[old] = draw(fresh)
+        else:
+            waited = int(g_size[np.flatnonzero(comp_ages[comp_g] > m)].sum())
+    comp = comp_g[g_of_row]
+    prompt = prompt_g[g_of_row].astype(np.int64)
     actions = np.zeros((B, T), dtype=np.int32)
     states = np.zeros((B, T), dtype=np.int32)
     mask = np.zeros((B, T), dtype=bool)
@@ -122,17 +201,22 @@ def draw_versioned(
     flat_index = np.zeros((B, T), dtype=np.intp)
     log_mu_tok = np.zeros((B, T))
     token_age = np.zeros((B, T), dtype=np.int64)
-    components = filtered.components if config.off_policy_strategy == "wait" else beh.components
+    recorded_age = np.zeros((B, T), dtype=np.int64)
+    components = (
+        filtered[0].components if config.off_policy_strategy == "wait" else behs[0].components
+    )
+    stack = np.stack(log_mus)
+    age_arr = np.asarray(behs[0].ages)
     for c in np.unique(comp):
         sched = components[c].schedule
-        if c not in tables:
-            table = np.stack(log_mus)[sched, np.arange(T)]  # (T, P, V) log q_c
-            tables[c] = table
+        table = stack[sched, np.arange(T)]  # (T, P, V) log q_c
+        rec_sched = _recorded_schedule(config, sched)
+        rec = table if rec_sched is sched else stack[rec_sched, np.arange(T)]
         for k, e in enumerate(envs):
             rows = np.flatnonzero((comp == c) & (prompt == k))
             if rows.size == 0:
                 continue
-            b = sample_tokens(e, np.exp(tables[c]), rows.size, rng)
+            b = sample_tokens(e, np.exp(table), rows.size, rng)
             actions[rows], states[rows], mask[rows], rewards[rows] = (
                 b.actions,
                 b.states,
@@ -143,8 +227,9 @@ def draw_versioned(
             idx += b.actions
             idx += np.arange(T, dtype=np.intp) * (P * Vv)
             flat_index[rows] = idx
-            log_mu_tok[rows] = np.where(b.mask, tables[c].ravel().take(idx), 0.0)
-            token_age[rows] = np.asarray(beh.ages)[sched]
+            log_mu_tok[rows] = np.where(b.mask, rec.ravel().take(idx), 0.0)
+            token_age[rows] = age_arr[sched]
+            recorded_age[rows] = age_arr[rec_sched]
     return VersionedDraw(
         actions,
         states,
@@ -156,5 +241,8 @@ def draw_versioned(
         comp,
         dropped,
         waited,
-        filtered,
+        tuple(filtered),
+        prompt,
+        recorded_age,
+        np.bincount(prompt, minlength=K),
     )
