@@ -381,3 +381,122 @@ def test_synchronous_config_dicts_are_unchanged():
 def test_bad_async_configs_name_the_field(kwargs, message):
     with pytest.raises(ValueError, match=message):
         TrainConfig(grpo("naive"), steps=3, batch=8, **kwargs)
+
+
+def test_record_logp_with_one_version_agrees_bit_for_bit():
+    """max_off_policy at a fixed lag: one version through the versioned path; the true, the
+    start and the assumed version are then the same table bit for bit."""
+    from simkit.train.worlds import difficulty_prompts
+
+    env = difficulty_prompts(4, 5, ks=(1, 3), seed=0)
+    base = dict(
+        estimator=Estimator("ppo_clip", correction="tis_token", advantage="grpo", group_size=4),
+        steps=6,
+        batch=16,
+        minibatches=2,
+        lag_updates=2,
+        max_off_policy=2,
+        old_logp="loglinear",
+        lr=0.1,
+    )
+    true = train(env, TrainConfig(**base), seed=1)
+    for record in ("start", "assumed"):
+        other = train(env, TrainConfig(**base, record_logp=record), seed=1)
+        pd.testing.assert_frame_equal(other, true, check_exact=True)
+
+
+def test_record_logp_records_the_assumed_or_start_version():
+    """Partial rollouts (hazard 1): the same draw, log μ recorded from the generating version
+    (true), the version of the response's first token (start) or the rollout's newest
+    version (assumed), and the loglinear α reads the recorded age."""
+    from simkit.train.rollout import old_log_ratio_of
+
+    env = small_env()
+    base = dict(
+        estimator=grpo("tis_token"),
+        steps=8,
+        batch=32,
+        lag_distribution="uniform",
+        lag_rollouts_max=2,
+        partial_hazard=1.0,
+        lr=0.1,
+    )
+    for r in RECORDS:
+        out, param = _rollouts(env, TrainConfig(**base, record_logp=r), 3, 3)
+        ro, kept = out[2]
+        logq = {a: log_softmax(param.logits(kept[ro.index - a])).ravel() for a in range(3)}
+        if r == "true":
+            rec_age = ro.token_age
+        elif r == "start":
+            rec_age = np.repeat(ro.token_age[:, :1], env.T, axis=1)
+        else:
+            rec_age = np.zeros_like(ro.token_age)
+        assert np.array_equal(ro.recorded_age, rec_age)
+        assert r == "true" or (rec_age != ro.token_age)[ro.mask].any()  # the check can fail
+        for a in range(3):
+            sel = (rec_age == a) & ro.mask
+            np.testing.assert_array_equal(ro.log_mu_tok[sel], logq[a].take(ro.flat_index[sel]))
+        cfg = TrainConfig(**base, record_logp=r, old_logp="loglinear")
+        lr = np.where(ro.mask, 0.3, 0.0)
+        got = old_log_ratio_of(cfg, ro, slice(None), 0, lr, ro.mask)
+        np.testing.assert_allclose(got, np.where(ro.mask, rec_age / (rec_age + 1.0) * 0.3, 0.0))
+
+
+RECORDS = ("true", "start", "assumed")
+
+
+def test_drop_starves_slow_prompts_in_training():
+    """prompt_lag_p = (0.8, 0.2): the hard prompt's groups are old more often. Keep and wait
+    train every prompt's groups (8 + 8 rows per rollout exactly); drop trains fewer rows of the
+    hard prompt (mean share below 1/2 by more than 4 SE over the rollouts)."""
+    from simkit.train import prompt_rows
+    from simkit.train.worlds import difficulty_prompts
+
+    env = difficulty_prompts(4, 5, ks=(1, 3), seed=0)
+    base = dict(
+        estimator=grpo("tis_token"),
+        steps=30,
+        batch=16,
+        lag_distribution="geometric",
+        lag_rollouts_max=3,
+        lag_p=0.5,
+        prompt_lag_p=(0.8, 0.2),
+        lr=0.05,
+    )
+    keep = prompt_rows(train(env, TrainConfig(**base), seed=2))
+    wait = prompt_rows(
+        train(env, TrainConfig(**base, max_off_policy=1, off_policy_strategy="wait"), seed=2)
+    )
+    assert (keep == 8).all() and (wait == 8).all()
+    table = train(env, TrainConfig(**base, max_off_policy=1), seed=2)
+    drop = prompt_rows(table)
+    assert (drop.sum(axis=1) == 16).all() and table.dropped.sum() > 0
+    share = drop[3:, 1] / 16  # from rollout 3 on every age is reachable
+    assert 0.5 - share.mean() > 4 * share.std(ddof=1) / np.sqrt(share.size)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"record_logp": "belief"}, "record_logp"),
+        ({"prompt_lag_p": (0.5,)}, "prompt_lag_p"),  # needs a geometric lag law
+        (
+            {"lag_distribution": "geometric", "lag_rollouts_max": 1, "prompt_lag_p": (0.5, 0)},
+            "prompt_lag_p",
+        ),
+    ],
+)
+def test_bad_prompt_lag_and_record_name_the_field(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(grpo("naive"), steps=3, batch=8, **kwargs)
+
+
+def test_prompt_lag_p_round_trips_and_must_match_the_prompts():
+    from simkit.train.worlds import difficulty_prompts
+
+    cfg = async_config(lag_distribution="geometric", prompt_lag_p=[0.8, 0.2], record_logp="start")
+    assert cfg.prompt_lag_p == (0.8, 0.2)
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg
+    env = difficulty_prompts(4, 5, ks=(1, 2, 3), seed=0)
+    with pytest.raises(ValueError, match="prompt_lag_p"):
+        train(env, async_config(prompt_lag_p=(0.5, 0.5), batch=24, minibatches=2), seed=0)
