@@ -89,9 +89,11 @@ class TrainConfig:
         ``off_policy_strategy``: ``"drop"`` (the sample's whole group is evicted and its slot
         refilled from the next fresh groups of the prompt stream, so a prompt's trained law is
         its lag law conditioned on age ≤ max_off_policy, and slow prompts lose rows; the
-        ``dropped`` column counts the evicted samples) or ``"wait"`` (trained at the oldest acceptable version: the ``waited`` column counts
-        them; whole-sequence samples only, not with ``partial_hazard``). verl
-        ``max_off_policy_strategy`` (``verl/trainer/ppo/v1/replay_buffer.py`` at 41c567c;
+        ``dropped`` column counts the evicted samples) or ``"wait"`` (trained at the oldest
+        acceptable version: the ``waited`` column counts them; whole-sequence samples only,
+        not with ``partial_hazard``). verl ``max_off_policy_strategy``
+        (``verl/trainer/ppo/v1/replay_buffer.py`` at verl-project/verl 41c567c: stale prompt
+        groups evicted, as many fresh prompts submitted, the batch sampled once full;
         threshold 8 versions spanned by default), TRL AsyncGRPO ``max_staleness``.
     prompt_lag_p : None, or one geometric parameter per prompt (with ``lag_distribution``
         ``"geometric"``): prompt k's samples come e rollouts further back with
