@@ -500,3 +500,18 @@ def test_prompt_lag_p_round_trips_and_must_match_the_prompts():
     env = difficulty_prompts(4, 5, ks=(1, 2, 3), seed=0)
     with pytest.raises(ValueError, match="prompt_lag_p"):
         train(env, async_config(prompt_lag_p=(0.5, 0.5), batch=24, minibatches=2), seed=0)
+
+
+def test_sweep_takes_prompt_lag_p_and_record_logp(tmp_path):
+    d = {
+        **ASYNC_SWEEP,
+        "lag_distribution": "geometric",
+        "prompt_lag_p": [0.5],
+        "record_logp": "assumed",
+        "steps": 4,
+    }
+    cfg = C.config_from_dict(d)
+    assert cfg.to_dict()["prompt_lag_p"] == [0.5] and cfg.to_dict()["record_logp"] == "assumed"
+    assert C.config_from_dict(cfg.to_dict()) == cfg
+    table = sweep.run_config(cfg, progress=False)
+    assert set(table.prompt_rows) == {"16"}
