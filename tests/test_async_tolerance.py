@@ -80,6 +80,11 @@ def test_training_runs_and_their_note(small):
     sync = runs[runs.strategy.str.startswith("synchronous")]
     assert (sync.dropped_frac == 0).all() and (sync.waited_frac == 0).all()
     assert (runs[runs.strategy.str.startswith("wait")].dropped_frac == 0).all()
+    # coverage: keep and wait train both prompts' groups (round-robin: exactly one half);
+    # drop evicts whole groups, refilled from the stream, never favouring the hard prompt
+    kind = runs.strategy.str.split(" ").str[0].str.rstrip(",")
+    assert (runs[kind.isin(["keep", "wait", "synchronous"])].hard_share == 0.5).all()
+    assert (runs[kind == "drop"].hard_share <= 0.5 + 1e-12).all()
     note = A.training_note(data, cfg)
     # perturbed: one recipe far ahead of every other becomes the untied best
     out = data.copy()
@@ -88,6 +93,28 @@ def test_training_runs_and_their_note(small):
     changed = A.training_note(out, cfg)
     assert f"Best: drop > {cfg.train_max_off}, no IS, no tie within 2 SE" in changed
     assert changed != note
+    # the coverage sentence follows the data: drop's share moved to keep's
+    c = A.coverage_share(runs)
+    assert f"drop {c.loc['drop', 'mean']:.3f} ± {c.loc['drop', 'se']:.3f}" in note
+    same = data.copy()
+    sel = (same.part == "training") & same.strategy.str.startswith("drop")
+    same.loc[sel, "hard_share"] = 0.5
+    assert "drop's share is within 2 SE of keep's" in A.training_note(same, cfg)
+    low = data.copy()
+    low.loc[sel, "hard_share"] = 0.2 + low.loc[sel, "seed"] * 1e-3
+    assert "less of the hard prompt than keep" in A.training_note(low, cfg)
+
+
+def test_training_coverage_limit_by_hand():
+    """The stream limit of drop: f_h P_h(e ≤ m) / Σ_k f_k P_k(e ≤ m), f = (1/2, 1/2), P_k the
+    truncated geometric law over rollouts, m = ⌊max_off / N⌋."""
+    cfg = A.Config()
+    m = cfg.train_max_off // cfg.train_N
+    kept = []
+    for p in (cfg.p_easy, cfg.p_hard):
+        w = (1 - p) ** np.arange(cfg.train_lag_max + 1)
+        kept.append(w[: m + 1].sum() / w.sum())
+    assert A.train_coverage_exact(cfg) == pytest.approx(kept[1] / sum(kept), abs=1e-12)
 
 
 def test_config_checks_and_draw(small):

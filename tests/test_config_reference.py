@@ -32,8 +32,9 @@ meaning, far above rounding.
 Columns added since the tables were saved are listed in :data:`ADDED` (issue 22: the scale-free
 error ``mse_zero`` … ``rel_mse_scaled``, the kept fractions and the planner's ``method`` /
 ``why_mc``, with their bounds; issue 26: the training table's ``dropped`` / ``waited`` counts of
-the ``max_off_policy`` filter); the saved columns must still come in the same order with the
-same values, and the added ones must be exactly those listed.
+the ``max_off_policy`` filter and the per-prompt rows ``prompt_rows``); the saved columns must
+still come in the same order with the same values, and the added ones must be exactly those
+listed.
 """
 
 from __future__ import annotations
@@ -61,8 +62,9 @@ ADDED = {
         "method",
         "why_mc",
     ),
-    # issue 26: samples dropped / waited for per rollout by the max_off_policy filter (0 here)
-    "train_quick": ("dropped", "waited"),
+    # issue 26: samples dropped / waited for per rollout by the max_off_policy filter (0 here),
+    # and the rows of each mini-batch per prompt (the coverage of drop vs keep vs wait)
+    "train_quick": ("dropped", "waited", "prompt_rows"),
 }
 
 

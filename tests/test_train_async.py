@@ -81,11 +81,11 @@ def _counts(strategy, max_off):
     base = dict(
         estimator=grpo("tis_token"),
         steps=6,
-        batch=16,
+        batch=32,
         minibatches=2,
         lag_distribution="geometric",
         lag_rollouts_max=2,
-        lag_p=0.4,
+        lag_p=0.3,
         lr=0.05,
     )
     free, _ = _rollouts(env, TrainConfig(**base), seed=5, upto=2)
@@ -94,24 +94,99 @@ def _counts(strategy, max_off):
     return free, filtered
 
 
-@pytest.mark.parametrize("strategy", ["drop", "wait"])
-def test_drop_and_wait_counts_match_a_hand_count(strategy):
-    """The same seed draws the same components first: the filter's count is the number of
-    rows of the unfiltered rollout older than max_off_policy (ages 0, 2, 4 at N = 2)."""
-    free, filtered = _counts(strategy, 3)
+def test_wait_count_matches_a_hand_count():
+    """The same seed draws the same components: the waited count is the number of rows of
+    the unfiltered rollout older than max_off_policy (ages 0, 2, 4 at N = 2), whole groups."""
+    free, filtered = _counts("wait", 3)
     hand = [int((ro.token_age[:, 0] > 3).sum()) for ro, _ in free]
     assert hand[-1] > 0  # the check can fail
-    got = [ro.dropped if strategy == "drop" else ro.waited for ro, _ in filtered]
-    other = [ro.waited if strategy == "drop" else ro.dropped for ro, _ in filtered]
-    assert got == hand and other == [0] * len(hand)
+    assert [ro.waited for ro, _ in filtered] == hand
+    assert [ro.dropped for ro, _ in filtered] == [0] * len(hand)
     for (ro_f, _), (ro, _) in zip(free, filtered, strict=True):
         assert ro.token_age.max() <= 3
-        old = ro_f.token_age[:, 0] > 3
-        if strategy == "wait":  # the waited rows are trained at the oldest acceptable age
-            expected = np.where(old, ro_f.token_age[:, 0].clip(max=2), ro_f.token_age[:, 0])
-            assert np.array_equal(ro.token_age[:, 0], expected)
-        else:  # the kept rows are the unfiltered draw's
-            assert np.array_equal(ro.token_age[~old, 0], ro_f.token_age[~old, 0])
+        old = ro_f.token_age[:, 0] > 3  # the waited rows are trained at the oldest acceptable age
+        expected = np.where(old, ro_f.token_age[:, 0].clip(max=2), ro_f.token_age[:, 0])
+        assert np.array_equal(ro.token_age[:, 0], expected)
+
+
+def _draw_setup(prompt_lag_p=None, strategy="drop", **kw):
+    """Three versions (ages 0, 2, 4) of two prompts, 8 groups of G = 4."""
+    from simkit.train.versioned import prompt_starts
+    from simkit.train.worlds import as_prompts, difficulty_prompts
+
+    envs = as_prompts(difficulty_prompts(3, 4, ks=(1, 3), seed=0))
+    base = dict(
+        estimator=grpo("tis_token"),
+        steps=6,
+        batch=32,
+        minibatches=2,
+        lag_distribution="geometric",
+        lag_rollouts_max=2,
+        lag_p=0.4,
+        prompt_lag_p=prompt_lag_p,
+        max_off_policy=3,
+        off_policy_strategy=strategy,
+    )
+    base.update(kw)
+    cfg = TrainConfig(**base)
+    steps, starts = prompt_starts(cfg, 4, lambda r: max(2 * r, 0), 2)
+    rng = np.random.default_rng(11)
+    log_mus = [log_softmax(rng.normal(size=envs[0].logits.shape)) for _ in steps]
+    ages = [8 - s for s in steps]
+    prompt = (np.arange(32) // 4) % 2
+    return envs, cfg, log_mus, ages, starts, prompt
+
+
+def test_drop_evicts_whole_groups_and_refills_from_the_prompt_stream():
+    """A hand count on the uniform stream: each candidate group takes one uniform u and the
+    component searchsorted(cdf of its prompt, u); candidates 0 … 7 have prompts 0, 1, 0, …,
+    a stale one (age 4 > 3) is evicted and its slot taken by the next candidate of the stream
+    (prompt = candidate index mod 2). The dropped count is the evicted groups' rows."""
+    from simkit.train.versioned import draw_versioned
+
+    envs, cfg, log_mus, ages, starts, prompt = _draw_setup(prompt_lag_p=(0.7, 0.2))
+    draw = draw_versioned(envs, prompt, cfg, log_mus, ages, starts, np.random.default_rng(5), 4)
+    u = iter(np.random.default_rng(5).random(1000))
+    cdf = np.cumsum(starts, axis=1)
+    cdf /= cdf[:, -1:]
+    slots = [(g % 2, int(cdf[g % 2].searchsorted(next(u), side="right"))) for g in range(8)]
+    nxt, evicted = 8, 0
+    while any(ages[c] > 3 for _, c in slots):
+        stale = [i for i, (_, c) in enumerate(slots) if ages[c] > 3]
+        evicted += len(stale)
+        for i in stale:
+            k = nxt % 2
+            nxt += 1
+            slots[i] = (k, -1)
+        for i in stale:  # the refills' uniforms come after the round's evictions, in slot order
+            k = slots[i][0]
+            slots[i] = (k, int(cdf[k].searchsorted(next(u), side="right")))
+    assert evicted > 0 and draw.dropped == 4 * evicted
+    assert np.array_equal(draw.prompt, np.repeat([k for k, _ in slots], 4))
+    assert np.array_equal(draw.token_age[:, 0], np.repeat([ages[c] for _, c in slots], 4))
+    assert np.array_equal(draw.prompt_rows, np.bincount(draw.prompt, minlength=2))
+    assert draw.prompt_rows.sum() == 32
+
+
+def test_a_group_is_generated_together():
+    """Every row of a GRPO group has the same component: start version and switch points."""
+    env = small_env()
+    cfg = TrainConfig(
+        grpo("tis_token"),
+        steps=8,
+        batch=32,
+        lag_distribution="uniform",
+        lag_rollouts_max=2,
+        partial_hazard=0.3,
+        lr=0.1,
+    )
+    rollouts, _ = _rollouts(env, cfg, seed=3, upto=4)
+    varied = set()
+    for ro, _ in rollouts[2:]:
+        ages = ro.token_age.reshape(8, 4, env.T)
+        assert (ages == ages[:, :1]).all()
+        varied |= {tuple(a) for a in ages[:, 0]}
+    assert len(varied) > 1  # the check can fail: groups differ
 
 
 def test_table_counts_per_rollout():
@@ -119,17 +194,19 @@ def test_table_counts_per_rollout():
     cfg = TrainConfig(
         grpo("tis_token"),
         steps=6,
-        batch=16,
+        batch=32,
         minibatches=2,
         lag_distribution="geometric",
         lag_rollouts_max=2,
-        lag_p=0.4,
+        lag_p=0.3,
         max_off_policy=3,
         lr=0.05,
     )
     table = train(env, cfg, seed=5)
     _, filtered = _counts("drop", 3)
     assert table.dropped.tolist()[::2] == [ro.dropped for ro, _ in filtered]
+    assert table.dropped.sum() > 0 and (table.dropped % 4 == 0).all()  # whole groups
+    assert (table.prompt_rows == "16").all()  # refilled: the batch stays full
     assert (table.dropped.iloc[1::2] == 0).all() and (table.waited == 0).all()
     assert (table.policy_age_max <= 3 + 1).all()
 
@@ -199,7 +276,7 @@ ASYNC_SWEEP = {
         "kwargs": {"k": 2},
     },
     "steps": 6,
-    "minibatch_size": 8,
+    "minibatch_size": 16,
     "minibatches": [1, 2],
     "lag_distribution": "uniform",
     "lag_rollouts_max": 2,
@@ -304,3 +381,137 @@ def test_synchronous_config_dicts_are_unchanged():
 def test_bad_async_configs_name_the_field(kwargs, message):
     with pytest.raises(ValueError, match=message):
         TrainConfig(grpo("naive"), steps=3, batch=8, **kwargs)
+
+
+def test_record_logp_with_one_version_agrees_bit_for_bit():
+    """max_off_policy at a fixed lag: one version through the versioned path; the true, the
+    start and the assumed version are then the same table bit for bit."""
+    from simkit.train.worlds import difficulty_prompts
+
+    env = difficulty_prompts(4, 5, ks=(1, 3), seed=0)
+    base = dict(
+        estimator=Estimator("ppo_clip", correction="tis_token", advantage="grpo", group_size=4),
+        steps=6,
+        batch=16,
+        minibatches=2,
+        lag_updates=2,
+        max_off_policy=2,
+        old_logp="loglinear",
+        lr=0.1,
+    )
+    true = train(env, TrainConfig(**base), seed=1)
+    for record in ("start", "assumed"):
+        other = train(env, TrainConfig(**base, record_logp=record), seed=1)
+        pd.testing.assert_frame_equal(other, true, check_exact=True)
+
+
+def test_record_logp_records_the_assumed_or_start_version():
+    """Partial rollouts (hazard 1): the same draw, log μ recorded from the generating version
+    (true), the version of the response's first token (start) or the rollout's newest
+    version (assumed), and the loglinear α reads the recorded age."""
+    from simkit.train.rollout import old_log_ratio_of
+
+    env = small_env()
+    base = dict(
+        estimator=grpo("tis_token"),
+        steps=8,
+        batch=32,
+        lag_distribution="uniform",
+        lag_rollouts_max=2,
+        partial_hazard=1.0,
+        lr=0.1,
+    )
+    for r in RECORDS:
+        out, param = _rollouts(env, TrainConfig(**base, record_logp=r), 3, 3)
+        ro, kept = out[2]
+        logq = {a: log_softmax(param.logits(kept[ro.index - a])).ravel() for a in range(3)}
+        if r == "true":
+            rec_age = ro.token_age
+        elif r == "start":
+            rec_age = np.repeat(ro.token_age[:, :1], env.T, axis=1)
+        else:
+            rec_age = np.zeros_like(ro.token_age)
+        assert np.array_equal(ro.recorded_age, rec_age)
+        assert r == "true" or (rec_age != ro.token_age)[ro.mask].any()  # the check can fail
+        for a in range(3):
+            sel = (rec_age == a) & ro.mask
+            np.testing.assert_array_equal(ro.log_mu_tok[sel], logq[a].take(ro.flat_index[sel]))
+        cfg = TrainConfig(**base, record_logp=r, old_logp="loglinear")
+        lr = np.where(ro.mask, 0.3, 0.0)
+        got = old_log_ratio_of(cfg, ro, slice(None), 0, lr, ro.mask)
+        np.testing.assert_allclose(got, np.where(ro.mask, rec_age / (rec_age + 1.0) * 0.3, 0.0))
+
+
+RECORDS = ("true", "start", "assumed")
+
+
+def test_drop_starves_slow_prompts_in_training():
+    """prompt_lag_p = (0.8, 0.2): the hard prompt's groups are old more often. Keep and wait
+    train every prompt's groups (8 + 8 rows per rollout exactly); drop trains fewer rows of the
+    hard prompt (mean share below 1/2 by more than 4 SE over the rollouts)."""
+    from simkit.train import prompt_rows
+    from simkit.train.worlds import difficulty_prompts
+
+    env = difficulty_prompts(4, 5, ks=(1, 3), seed=0)
+    base = dict(
+        estimator=grpo("tis_token"),
+        steps=30,
+        batch=16,
+        lag_distribution="geometric",
+        lag_rollouts_max=3,
+        lag_p=0.5,
+        prompt_lag_p=(0.8, 0.2),
+        lr=0.05,
+    )
+    keep = prompt_rows(train(env, TrainConfig(**base), seed=2))
+    wait = prompt_rows(
+        train(env, TrainConfig(**base, max_off_policy=1, off_policy_strategy="wait"), seed=2)
+    )
+    assert (keep == 8).all() and (wait == 8).all()
+    table = train(env, TrainConfig(**base, max_off_policy=1), seed=2)
+    drop = prompt_rows(table)
+    assert (drop.sum(axis=1) == 16).all() and table.dropped.sum() > 0
+    share = drop[3:, 1] / 16  # from rollout 3 on every age is reachable
+    assert 0.5 - share.mean() > 4 * share.std(ddof=1) / np.sqrt(share.size)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"record_logp": "belief"}, "record_logp"),
+        ({"prompt_lag_p": (0.5,)}, "prompt_lag_p"),  # needs a geometric lag law
+        (
+            {"lag_distribution": "geometric", "lag_rollouts_max": 1, "prompt_lag_p": (0.5, 0)},
+            "prompt_lag_p",
+        ),
+    ],
+)
+def test_bad_prompt_lag_and_record_name_the_field(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(grpo("naive"), steps=3, batch=8, **kwargs)
+
+
+def test_prompt_lag_p_round_trips_and_must_match_the_prompts():
+    from simkit.train.worlds import difficulty_prompts
+
+    cfg = async_config(lag_distribution="geometric", prompt_lag_p=[0.8, 0.2], record_logp="start")
+    assert cfg.prompt_lag_p == (0.8, 0.2)
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg
+    env = difficulty_prompts(4, 5, ks=(1, 2, 3), seed=0)
+    with pytest.raises(ValueError, match="prompt_lag_p"):
+        train(env, async_config(prompt_lag_p=(0.5, 0.5), batch=24, minibatches=2), seed=0)
+
+
+def test_sweep_takes_prompt_lag_p_and_record_logp(tmp_path):
+    d = {
+        **ASYNC_SWEEP,
+        "lag_distribution": "geometric",
+        "prompt_lag_p": [0.5],
+        "record_logp": "assumed",
+        "steps": 4,
+    }
+    cfg = C.config_from_dict(d)
+    assert cfg.to_dict()["prompt_lag_p"] == [0.5] and cfg.to_dict()["record_logp"] == "assumed"
+    assert C.config_from_dict(cfg.to_dict()) == cfg
+    table = sweep.run_config(cfg, progress=False)
+    assert set(table.prompt_rows) == {"16"}

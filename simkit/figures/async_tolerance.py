@@ -29,13 +29,16 @@ A third panel shows what ``drop`` does to a difficulty-mixed prompt set where sl
 prompts are old prompts: their share of the trained batch against max_age (exact, from the
 two lag distributions), with ``wait``/keep (share unchanged) for reference. An ensemble of
 random instances (random logits of the same automaton) at one lag distribution gives the
-rankings as fractions. A fourth panel trains (:func:`simkit.train.train`, asynchronous
-``TrainConfig``: a geometric lag over rollouts, ``max_off_policy`` drop / wait) on a
-difficulty-mixed prompt set and shows the final J ± SE over seeds of synchronous, keep, drop
-and wait, with and without token TIS, and of decoupled PPO × TIS with the recomputed or the
-log-linear π_old (its notes name the best and the recipes tied with it within 2 SE). In the
-simulator each row keeps its prompt when it is redrawn, so the coverage effect of panel (c)
-is not in the training runs.
+rankings as fractions. A fourth and a fifth panel train (:func:`simkit.train.train`,
+asynchronous ``TrainConfig``: a geometric lag over rollouts per prompt, the hard prompt's
+heavier — ``prompt_lag_p`` —, ``max_off_policy`` drop / wait, one version per GRPO group) on
+a difficulty-mixed prompt set (an easy and a slow hard prompt) and show the final J ± SE over
+seeds of synchronous, keep, drop and wait, with and without token TIS, and of decoupled PPO ×
+TIS with the recomputed or the log-linear π_old (its notes name the best and the recipes tied
+with it within 2 SE), and the hard prompt's share of the trained rows (the table's
+``prompt_rows``): a dropped group is gone and the batch is refilled from the next fresh
+groups (verl's replay buffer), so drop's share falls as in panel (c), keep's and wait's stay
+at one half.
 
 Data: a tidy DataFrame (one row per strategy × lag parameter, plus the ensemble rows with
 ``part == "ensemble"``, the coverage rows with ``part == "coverage"`` and one row per training
@@ -65,8 +68,9 @@ CAPTION = (
     "mean age, for keeping stale samples without IS, with single-version IS, per-version IS "
     "or multiple IS across versions, dropping samples older than max_age, and decoupled PPO "
     "with a recomputed or log-linearly approximated π_old; the share of slow (hard) prompts "
-    "that drop leaves in the batch; and the final J of training runs that keep, drop or wait "
-    "for stale samples (mean ± SE over seeds). Rankings over an ensemble of random instances "
+    "that drop leaves in the batch; and the final J and the hard prompt's share of the "
+    "trained rows of training runs that keep, drop or wait for stale samples (mean ± SE over "
+    "seeds). Rankings over an ensemble of random instances "
     "and the training ordering are in the notes, computed from the data."
 )
 
@@ -115,7 +119,6 @@ class Config:
     train_N: int = 4
     train_lr: float = 0.3
     train_lag_max: int = 4
-    train_lag_p: float = 0.3
     train_max_off: int = 4
 
     def __post_init__(self):
@@ -241,7 +244,7 @@ def train_recipes(cfg: Config) -> dict[str, tuple[str, dict]]:
     lag = {
         "lag_distribution": "geometric",
         "lag_rollouts_max": cfg.train_lag_max,
-        "lag_p": cfg.train_lag_p,
+        "prompt_lag_p": (cfg.p_easy, cfg.p_hard),  # slow (hard) prompts are old prompts
     }
     m = cfg.train_max_off
     out = {}
@@ -259,14 +262,32 @@ def train_recipes(cfg: Config) -> dict[str, tuple[str, dict]]:
     return out
 
 
+#: the training prompt set: at_least_k with k = 1 (easy) and k = 5 (hard), V = 4, T = 6
+TRAIN_KS = (1, 5)
+
+
+def train_coverage_exact(cfg: Config) -> float:
+    """The hard prompt's share of an infinite stream of groups after ``drop`` in the training
+    runs (:func:`simkit.envs.versions.prompt_coverage` with the two prompts' geometric lag
+    laws over rollouts, max_age = ⌊train_max_off / N⌋ rollouts, prompts alternating): the
+    share a large refilled batch tends to."""
+    lags = [V.lag_weights("geometric", cfg.train_lag_max, p=q) for q in (cfg.p_easy, cfg.p_hard)]
+    cov = V.prompt_coverage([0.5, 0.5], lags, cfg.train_max_off // cfg.train_N, "drop")
+    return float(cov["share"][1])
+
+
 def training(cfg: Config) -> pd.DataFrame:
-    """Final J of each training recipe (:func:`train_recipes`) per seed on a difficulty-mixed
-    prompt set (``difficulty_prompts``: at_least_k with k = 1, 3, 5), GRPO (G = 4), N
-    mini-batches, with the samples dropped / waited for."""
-    from simkit.train import TrainConfig, train
+    """Final J and per-prompt coverage of each training recipe (:func:`train_recipes`) per
+    seed on a difficulty-mixed prompt set (``difficulty_prompts``: at_least_k with k = 1 and
+    5, :data:`TRAIN_KS`) where slow prompts are old prompts: the easy prompt's groups come e
+    rollouts back with geometric parameter ``p_easy``, the hard one's with ``p_hard``
+    (``TrainConfig.prompt_lag_p``); GRPO (G = 4), N mini-batches. ``hard_share``: the hard
+    prompt's share of the trained rows (the table's ``prompt_rows``); ``dropped_frac``: the
+    share of generated samples drop evicted."""
+    from simkit.train import TrainConfig, prompt_rows, train
     from simkit.train.worlds import difficulty_prompts
 
-    env = difficulty_prompts(4, 6, ks=(1, 3, 5), seed=cfg.seed)
+    env = difficulty_prompts(4, 6, ks=TRAIN_KS, seed=cfg.seed)
     rows = []
     for label, (mapping, kwargs) in train_recipes(cfg).items():
         correction = TIS if mapping == "ppo_clip" else None
@@ -283,6 +304,7 @@ def training(cfg: Config) -> pd.DataFrame:
         for seed in range(cfg.train_seeds):
             table = train(env, tc, seed=seed)
             generated = tc.rollouts * tc.batch + int(table.dropped.sum())
+            counts = prompt_rows(table).sum(axis=0)
             rows.append(
                 {
                     "strategy": label,
@@ -292,6 +314,7 @@ def training(cfg: Config) -> pd.DataFrame:
                     "dropped_frac": float(table.dropped.sum()) / generated,
                     "waited_frac": float(table.waited.sum()) / (tc.rollouts * tc.batch),
                     "age_mean": float(table.policy_age_mean.mean()),
+                    "hard_share": float(counts[-1] / counts.sum()),
                 }
             )
     return pd.DataFrame(rows)
@@ -415,19 +438,56 @@ def training_note(data: pd.DataFrame, cfg: Config) -> str:
     ]
     dropped = runs[runs.strategy.str.startswith("drop")].dropped_frac.mean()
     text = (
-        f"Training (difficulty_prompts k = 1, 3, 5; GRPO G = 4, N = {cfg.train_N}, lr "
-        f"{cfg.train_lr:g}, {cfg.train_steps} steps, geometric lag up to {cfg.train_lag_max} "
-        f"rollouts p = {cfg.train_lag_p:g}; {int(stats['count'].iloc[0])} seeds), final J ± SE: "
+        f"Training (difficulty_prompts k = {TRAIN_KS[0]} easy, k = {TRAIN_KS[1]} hard; GRPO "
+        f"G = 4, N = {cfg.train_N}, lr {cfg.train_lr:g}, {cfg.train_steps} steps, geometric lag "
+        f"up to {cfg.train_lag_max} rollouts, p = {cfg.p_easy:g} for the easy prompt and "
+        f"{cfg.p_hard:g} for the slow hard one; {int(stats['count'].iloc[0])} seeds), final "
+        "J ± SE: "
         + ", ".join(f"{s} {r['mean']:.3f} ± {r['se']:.3f}" for s, r in stats.iterrows())
         + f". Best: {best}"
     )
     text += f", tied within 2 SE with {_claims.name_list(tied)}" if tied else ", no tie within 2 SE"
-    return text + f"; drop threw away {dropped:.0%} of the generated samples."
+    text += f"; drop threw away {dropped:.0%} of the generated samples. "
+    return text + coverage_note(runs, cfg)
+
+
+def coverage_share(runs: pd.DataFrame) -> pd.DataFrame:
+    """Mean ± SE over seeds of the hard prompt's share of the trained rows, per strategy kind
+    (``keep`` / ``drop`` / ``wait``: the recipes whose label starts so, averaged within a seed
+    first — recipes of one seed share their version draws)."""
+    kind = runs.strategy.str.split(" ").str[0].str.rstrip(",").rename("kind")
+    sel = kind.isin(["keep", "drop", "wait"])
+    per_seed = runs[sel].groupby([kind[sel], runs.seed[sel]]).hard_share.mean()
+    g = per_seed.groupby(level="kind").agg(["mean", "std", "count"])
+    g["se"] = g["std"] / np.sqrt(g["count"])
+    return g.reindex(["keep", "drop", "wait"])
+
+
+def coverage_note(runs: pd.DataFrame, cfg: Config) -> str:
+    """The hard prompt's share of the trained rows under keep, drop and wait (mean ± SE over
+    seeds), drop's difference from keep in SE, and the stream limit of drop
+    (:func:`train_coverage_exact`)."""
+    c = coverage_share(runs)
+    diff = c.loc["keep", "mean"] - c.loc["drop", "mean"]
+    se = float(np.hypot(c.loc["keep", "se"], c.loc["drop", "se"]))
+    z = diff / se if se > 0 else np.inf
+    parts = ", ".join(f"{k} {r['mean']:.3f} ± {r['se']:.3f}" for k, r in c.iterrows())
+    verdict = (
+        f"drop trains {diff:.3f} less of the hard prompt than keep ({z:.1f} SE)"
+        if diff > 2 * se
+        else f"drop's share is within 2 SE of keep's (difference {diff:.3f} ± {se:.3f})"
+    )
+    return (
+        f"Coverage in training: the hard prompt's share of the trained rows is {parts} "
+        f"(mean ± SE over seeds; a dropped group is gone and the batch is refilled from the next "
+        f"fresh groups, as verl's replay buffer does); {verdict}; an infinite refilled stream "
+        f"would give {train_coverage_exact(cfg):.3f} (exact)."
+    )
 
 
 def draw(data: pd.DataFrame):
     fig, sub = split_figure(7.4, 5.6, data.attrs.get("notes", ()))
-    axes = sub.subplots(2, 2).ravel()
+    axes = sub.subplots(2, 3).ravel()
     cur = data[data.part == "curves"]
     colors = dict(zip(cur.strategy.unique(), [f"C{i}" for i in range(10)], strict=False))
     for metric, ax, label in (
@@ -475,7 +535,23 @@ def draw(data: pd.DataFrame):
     ax.set_yticks(y, stats.index, fontsize=5.5)
     ax.invert_yaxis()
     ax.set_xlabel("final J (mean ± SE over seeds)")
-    for ax, letter in zip(axes, "abcd", strict=True):
+    ax = axes[4]
+    share = runs.groupby("strategy", sort=False).hard_share.agg(["mean", "std", "count"])
+    ax.errorbar(
+        share["mean"],
+        y,
+        xerr=share["std"] / np.sqrt(share["count"]),
+        fmt="o",
+        markersize=3,
+        capsize=2,
+        color="C1",
+    )
+    ax.axvline(0.5, color="0.6", linewidth=0.8)
+    ax.set_yticks(y, [""] * len(y))
+    ax.invert_yaxis()
+    ax.set_xlabel("hard prompt's share of trained rows", fontsize=7)
+    axes[5].axis("off")
+    for ax, letter in zip(axes[:5], "abcde", strict=True):
         _common.panel_label(ax, letter)
     sub.suptitle(TITLE, fontsize=9)
     return fig

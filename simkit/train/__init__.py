@@ -57,6 +57,7 @@ from simkit.train.mismatch import (
 from simkit.train.optim import OPTIMIZERS, SGD, Adam, clip_grad_norm, make_optimizer
 from simkit.train.params import PARAMETERIZATIONS, Parameterization, parameterization
 from simkit.train.recipes import RECIPES, recipe
+from simkit.train.records import prompt_rows
 from simkit.train.worlds import (
     Prompts,
     difficulty_prompts,
@@ -91,6 +92,7 @@ __all__ = [
     "make_optimizer",
     "parameterization",
     "policy_logits",
+    "prompt_rows",
     "prompt_set",
     "recipe",
     "round_bf16",

@@ -39,6 +39,7 @@ from simkit.train.hyperparameters import (
     LAG_DISTRIBUTIONS,
     OFF_POLICY_STRATEGIES,
     OLD_LOGPS,
+    RECORD_LOGPS,
 )
 from simkit.train.mismatch import Mismatch
 from simkit.train.optim import OPTIMIZERS
@@ -171,6 +172,8 @@ class TrainSweepConfig(Frozen):
     max_off_policy: NonNegInt | None = None
     off_policy_strategy: Literal[OFF_POLICY_STRATEGIES] = _DEFAULTS["off_policy_strategy"]
     old_logp: Literal[OLD_LOGPS] = _DEFAULTS["old_logp"]
+    prompt_lag_p: tuple[Annotated[StrictFloat, Field(gt=0.0, le=1.0)], ...] | None = None
+    record_logp: Literal[RECORD_LOGPS] = _DEFAULTS["record_logp"]
     seeds: one_or_more(NonNegInt) = (0,)
     grids: tuple[SubGrid, ...] = ()
 

@@ -24,10 +24,14 @@ COLUMNS = {
     "policy_age_mean": "policy age, mean over the mini-batch's sequences",
     "policy_age_max": "policy age, largest over the mini-batch (asynchronous runs: min, mean "
     "and max over the mini-batch's tokens, each token aged by the version that generated it)",
-    "dropped": "samples of this rollout dropped by max_off_policy 'drop' and redrawn (on the "
-    "rollout's first mini-batch, 0 on the others)",
+    "dropped": "samples of this rollout dropped by max_off_policy 'drop' (whole groups, "
+    "refilled from the next fresh groups of the prompt stream; on the rollout's first "
+    "mini-batch, 0 on the others)",
     "waited": "samples of this rollout trained at the oldest acceptable version by "
     "max_off_policy 'wait' (on the rollout's first mini-batch, 0 on the others)",
+    "prompt_rows": "rows of the mini-batch per prompt, space-separated, prompt 0 first (the "
+    "coverage of each prompt: with max_off_policy 'drop' slow prompts lose rows; "
+    ":func:`simkit.train.prompt_rows` parses it)",
     "recorded": "True where the exact (DP) columns below were computed",
     "J": "J(π_s) = E_π[R], exact (DP)",
     "grad_J_norm": "‖∇J(π_s)‖, exact (DP)",
@@ -155,6 +159,15 @@ def records_table(rows: list[dict]) -> pd.DataFrame:
             "policy_age_max": np.int64,
             "dropped": np.int64,
             "waited": np.int64,
+            "prompt_rows": str,
             "recorded": bool,
         }
     )
+
+
+def prompt_rows(table: pd.DataFrame) -> np.ndarray:
+    """(steps, K) int64: the ``prompt_rows`` column of a training table as counts, row s the
+    rows of mini-batch s per prompt (sum over a rollout's mini-batches: its trained batch)."""
+    if "prompt_rows" not in table:
+        raise ValueError("table has no 'prompt_rows' column (recorded before issue 26)")
+    return np.array([[int(x) for x in s.split()] for s in table["prompt_rows"]], dtype=np.int64)

@@ -23,7 +23,7 @@ from simkit.train.mismatch import behaviour_log_probs, log_softmax
 from simkit.train.optim import clip_grad_norm
 from simkit.train.params import Parameterization
 from simkit.train.records import EXACT_COLUMNS, ess_of_log_weights, exact_columns
-from simkit.train.versioned import draw_versioned, version_steps
+from simkit.train.versioned import draw_versioned, prompt_starts
 from simkit.train.worlds import as_prompts
 
 # --- state ------------------------------------------------------------------------------------
@@ -49,6 +49,7 @@ class Rollout:
     # asynchronous runs only (TrainConfig.asynchronous): each token's version age at rollout
     # start (B, T), and the rows the trainer's max_off_policy filter dropped / waited for
     token_age: np.ndarray | None = None
+    recorded_age: np.ndarray | None = None  # age of the version whose log μ is recorded
     dropped: int = 0
     waited: int = 0
 
@@ -65,7 +66,7 @@ class Rollout:
         "log_old_tok",
         "prompt",
     )
-    _OPTIONAL_ARRAYS = ("token_age",)
+    _OPTIONAL_ARRAYS = ("token_age", "recorded_age")
 
 
 @dataclass
@@ -166,7 +167,7 @@ def new_rollout(
     T, P, V = envs[0].logits.shape
     draw = None
     if config.asynchronous:  # versions up to K rollouts further back, newest first
-        steps, start = version_steps(config, index, lambda r: behaviour_step(r, N, L))
+        steps, starts = prompt_starts(config, index, lambda r: behaviour_step(r, N, L), len(envs))
         log_mus = [
             behaviour_log_probs(
                 param.logits(_version_at(state, s)), config.mismatch, state.rng_mismatch
@@ -175,7 +176,10 @@ def new_rollout(
         ]
         log_mu = log_mus[0]
         ages = [index * N - s for s in steps]
-        draw = draw_versioned(envs, prompt, config, log_mus, ages, start, state.rng_sample)
+        draw = draw_versioned(
+            envs, prompt, config, log_mus, ages, starts, state.rng_sample, group_size_of(config)
+        )
+        prompt = draw.prompt
     else:
         theta_b = _version_at(state, b)
         log_mu = behaviour_log_probs(param.logits(theta_b), config.mismatch, state.rng_mismatch)
@@ -213,7 +217,7 @@ def new_rollout(
     log_old_tok = np.where(mask, log_old.ravel().take(flat_index), 0.0)
     est = config.estimator
     if est.advantage == "oracle" and draw is not None:  # J of the versioned batch's law
-        J_base = [draw.behaviour.J(e) for e in envs]
+        J_base = [b.J(e) for b, e in zip(draw.behaviours, envs, strict=True)]
     elif est.advantage == "oracle":  # J(μ) of the served behaviour that drew this batch
         J_base = [e.J(mu) for e in envs]
     elif est.advantage == "oracle_pi":
@@ -238,6 +242,7 @@ def new_rollout(
         behind=behind,
         prompt=prompt,
         token_age=None if draw is None else draw.token_age,
+        recorded_age=None if draw is None else draw.recorded_age,
         dropped=0 if draw is None else draw.dropped,
         waited=0 if draw is None else draw.waited,
     )
@@ -249,11 +254,17 @@ def old_log_ratio_of(config: TrainConfig, ro: Rollout, rows, j: int, log_ratio, 
     ``config.old_logp = "recompute"``: π_old = θ at the rollout's start (the trainer's
     recomputation). ``"loglinear"``: AReaL's approximation
     (:func:`simkit.envs.versions.loglinear_alpha` with π_prox = π_old, ``theta_lead`` 1), o = α·ℓ
-    with α = a/(a + j + 1) for a token whose version is a updates older than π_old (its recorded
-    age; the rollout's lag for a synchronous run) — no forward pass of π_old."""
+    with α = a/(a + j + 1) for a token whose recorded version (``config.record_logp``) is a
+    updates older than π_old (the rollout's lag for a synchronous run) — no forward pass of
+    π_old."""
     if config.old_logp == "recompute":
         return np.where(mask, ro.log_old_tok[rows] - ro.log_mu_tok[rows], 0.0)
-    age = ro.token_age[rows] if ro.token_age is not None else np.full(mask.shape, ro.behind)
+    if ro.recorded_age is not None:
+        age = ro.recorded_age[rows]
+    elif ro.token_age is not None:
+        age = ro.token_age[rows]
+    else:
+        age = np.full(mask.shape, ro.behind)
     alpha = loglinear_alpha(age + j, proximal_age=j, theta_lead=1)
     return np.where(mask, alpha * log_ratio, 0.0)
 
@@ -342,6 +353,7 @@ def optimizer_step(
         "policy_age_max": ro.behind + j,
         "dropped": ro.dropped if j == 0 else 0,
         "waited": ro.waited if j == 0 else 0,
+        "prompt_rows": " ".join(map(str, np.bincount(ro.prompt[rows], minlength=len(env_js)))),
         "recorded": record,
     }
     if ro.token_age is not None and mask.any():  # per-token versions: ages of the tokens
