@@ -32,12 +32,17 @@ AGGREGATIONS = (
     "seq-mean-token-sum-norm",
     "token-sum",
 )
-ADVANTAGES = ("oracle", "oracle_pi", "grpo", "dr_grpo", "rloo", "maxrl", "otb", "raw")
-GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo", "maxrl", "otb")
+ADVANTAGES = ("oracle", "oracle_pi", "grpo", "dr_grpo", "rloo", "maxrl", "otb", "opob", "raw")
+GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo", "maxrl", "otb", "opob")
 #: advantages with one value per token (A_{i,t}), not per sequence
 TOKEN_ADVANTAGES = ("otb",)
+#: advantages whose baseline reads the tokens' squared score norms (``score_sq``)
+SCORE_ADVANTAGES = ("otb", "opob")
 #: verl's ε in the OTB baseline's denominator
 OTB_EPS = 1e-8
+#: ε in the denominator of VCPO's OPOB weighted mean, and the group std below which it does not
+#: divide (mit-han-lab/vcpo ``staleness_utils.py`` at c7f030f)
+OPOB_EPS = 1e-8
 #: the spread that divides GRPO's centred rewards: the group's std (DeepSeekMath, verl) or the
 #: whole batch's (TRL ``scale_rewards="batch"``)
 REWARD_SCALES = ("group", "batch")
@@ -110,6 +115,11 @@ def advantages(
         raise ValueError(
             f"advantage {kind!r} has one value per token: use otb_advantages (it needs the "
             "mask and the tokens' score norms)"
+        )
+    if kind == "opob":
+        raise ValueError(
+            "advantage 'opob' weights the group by the samples' IS ratios and score norms: use "
+            "opob_advantages (it needs the mask, the log-ratios and the tokens' score norms)"
         )
     if kind in GROUP_ADVANTAGES:
         G = _check_group_size(group_size, kind)
@@ -228,6 +238,62 @@ def otb_advantages(
         tail = np.arange(T) >= second[..., None, None]  # positions beyond the second longest
         base = np.where(unique[..., None, None] & owner[..., None] & tail, 0.0, base)
     return ((g_ret - base) * g_m).reshape(m.shape)
+
+
+def opob_advantages(
+    rewards,
+    mask,
+    score_sq,
+    log_ratio,
+    group_size: int,
+    norm_by_std: bool = True,
+    eps: float = OPOB_EPS,
+) -> np.ndarray:
+    """Sequence advantages A_i = (R_i − b*)/σ_G of VCPO's off-policy optimal baseline (OPOB),
+    shape (L..., N).
+
+    VCPO (Huang et al. 2026, "Stable Asynchrony: Variance-Controlled Off-Policy RL for LLMs",
+    arXiv 2602.17616, §3.3; README and ``compute_opob_baseline`` in
+    ``recipe/fully_async_policy/staleness_utils.py`` at mit-han-lab/vcpo c7f030f): in each group
+    of G consecutive samples,
+
+        b* = Σ_i w_i²·‖∇θ log π(y_i)‖²·R_i / (Σ_i w_i²·‖∇θ log π(y_i)‖² + ε),
+
+    the minimiser over a constant b of the second moment of the off-policy REINFORCE term
+    w·(R − b)·∇log π, estimated in the group (sample i included), with w_i = π(y_i)/μ(y_i) =
+    exp Σ_t ``log_ratio`` the *unclipped* sequence IS ratio (VCPO's default
+    ``use_clipped_is_ratios=False``). ‖∇θ log π(y_i)‖² is Σ_t ``score_sq`` (the squared softmax
+    score norms 1 − 2π(y_t|s_t) + Σ_v π(v|s_t)² of the valid tokens): exact for parameters with
+    one block per position (untied), the per-position part of the norm for tied ones.
+    ``norm_by_std`` (VCPO's shipped recipes): divide by the group's population std σ_G (ddof 0,
+    as there) where σ_G > ε, else leave R − b* unscaled. ε = 1e-8 as upstream.
+    """
+    R = np.asarray(rewards, dtype=np.float64)
+    m = np.asarray(mask, dtype=bool)
+    w2g = np.asarray(score_sq, dtype=np.float64)
+    lr = np.asarray(log_ratio, dtype=np.float64)
+    if m.shape != (*R.shape, m.shape[-1]) or w2g.shape != m.shape or lr.shape != m.shape:
+        raise ValueError(
+            "mask, score_sq and log_ratio must have shape rewards.shape + (T,); got rewards "
+            f"{R.shape}, mask {m.shape}, score_sq {w2g.shape}, log_ratio {lr.shape}"
+        )
+    G = _check_group_size(group_size, "opob")
+    N = R.shape[-1]
+    if N % G:
+        raise ValueError(
+            f"the number of samples N = {N} is not divisible by group_size G = {G} "
+            "(advantage 'opob' needs whole groups)"
+        )
+    log_w = np.where(m, lr, 0.0).sum(axis=-1)
+    weight = np.exp(2.0 * log_w) * np.where(m, w2g, 0.0).sum(axis=-1)
+    shape = (*R.shape[:-1], N // G, G)
+    gR, gW = R.reshape(shape), weight.reshape(shape)
+    b = (gW * gR).sum(axis=-1, keepdims=True) / (gW.sum(axis=-1, keepdims=True) + eps)
+    out = gR - b
+    if norm_by_std:
+        std = gR.std(axis=-1, keepdims=True)
+        out = np.where(std > eps, out / np.where(std > eps, std, 1.0), out)
+    return out.reshape(R.shape)
 
 
 def _check_scale_rewards(scale_rewards, kind: str) -> str:
@@ -673,7 +739,8 @@ class Estimator:
         log π − log π_ref of the tokens, required with a ``kl`` penalty (ignored without one).
         ``score_sq`` (L..., N, T) = 1 − 2π(y_t|s_t) + Σ_v π(v|s_t)², required by the ``otb``
         advantage (per-token A_{i,t}, :func:`otb_advantages`; c then takes the sign of each
-        token's A).
+        token's A) and by ``opob`` (:func:`opob_advantages`, with the sequence IS ratio
+        exp Σ_t ``log_ratio``).
         """
         lr = np.asarray(log_ratio, dtype=np.float64)
         R = np.asarray(rewards, dtype=np.float64)
@@ -708,7 +775,15 @@ class Estimator:
             if x is not None and self.kl.where == "loss":
                 lam = lam + self.kl_loss_weights(x, lr, mask)
             return (lam, c) if return_coefficients else lam
-        adv = self.advantages(R, J)
+        if self.advantage == "opob":
+            if score_sq is None:
+                raise ValueError(
+                    f"estimator {self.name!r} (advantage 'opob') needs score_sq = 1 - 2 "
+                    "pi(y_t|s_t) + sum_v pi(v|s_t)^2 of the tokens"
+                )
+            adv = opob_advantages(R, mask, score_sq, lr, self.group_size)
+        else:
+            adv = self.advantages(R, J)
         if self.correction is None:
             old_log_ratio = None
         c = self.coefficients(

@@ -328,7 +328,7 @@ class EstimatorConfig(Frozen):
     sorted hyperparameter names), ``"zip"`` pairs them element by element (lists of one length:
     linked knobs such as PPO's ε_low = ε_high). Each hyperparameter setting is crossed with
     ``aggregations`` × ``advantages``; ``group_size`` applies to the group advantages (grpo,
-    dr_grpo, rloo, maxrl, otb), ``adv_eps`` to grpo and maxrl, ``scale_rewards`` (``"group"``
+    dr_grpo, rloo, maxrl, otb, opob), ``adv_eps`` to grpo and maxrl, ``scale_rewards`` (``"group"``
     or TRL's ``"batch"``) to grpo, ``otb_is_cap`` (the rollout-IS variant's cap C) to otb,
     ``max_length`` to seq-mean-token-sum-norm.
 
