@@ -24,6 +24,7 @@ from simkit import composition
 from simkit._validation import int_at_least, positive_int
 from simkit.kl import KLPenalty
 from simkit.mappings import Mapping, as_mapping
+from simkit.score_baselines import opob_advantages, otb_advantages  # the score-norm baselines
 
 AGGREGATIONS = (
     "token-mean",
@@ -32,12 +33,12 @@ AGGREGATIONS = (
     "seq-mean-token-sum-norm",
     "token-sum",
 )
-ADVANTAGES = ("oracle", "oracle_pi", "grpo", "dr_grpo", "rloo", "maxrl", "otb", "raw")
-GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo", "maxrl", "otb")
+ADVANTAGES = ("oracle", "oracle_pi", "grpo", "dr_grpo", "rloo", "maxrl", "otb", "opob", "raw")
+GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo", "maxrl", "otb", "opob")
 #: advantages with one value per token (A_{i,t}), not per sequence
 TOKEN_ADVANTAGES = ("otb",)
-#: verl's ε in the OTB baseline's denominator
-OTB_EPS = 1e-8
+#: advantages whose baseline reads the tokens' squared score norms (``score_sq``)
+SCORE_ADVANTAGES = ("otb", "opob")
 #: the spread that divides GRPO's centred rewards: the group's std (DeepSeekMath, verl) or the
 #: whole batch's (TRL ``scale_rewards="batch"``)
 REWARD_SCALES = ("group", "batch")
@@ -111,6 +112,11 @@ def advantages(
             f"advantage {kind!r} has one value per token: use otb_advantages (it needs the "
             "mask and the tokens' score norms)"
         )
+    if kind == "opob":
+        raise ValueError(
+            "advantage 'opob' weights the group by the samples' IS ratios and score norms: use "
+            "opob_advantages (it needs the mask, the log-ratios and the tokens' score norms)"
+        )
     if kind in GROUP_ADVANTAGES:
         G = _check_group_size(group_size, kind)
         N = R.shape[-1]
@@ -161,73 +167,6 @@ def advantages(
         raise ValueError(
             f"J of shape {J_arr.shape} does not broadcast against rewards of shape {R.shape}"
         ) from None
-
-
-def otb_advantages(
-    rewards,
-    mask,
-    score_sq,
-    group_size: int,
-    is_weights=None,
-    penalty=None,
-    eps: float = OTB_EPS,
-    handle_zero_tail: bool = True,
-) -> np.ndarray:
-    """Per-token advantages A_{i,t} = G_{i,t} − B_t of verl's optimal token baseline (OTB),
-    shape (L..., N, T), 0 on padding.
-
-    verl ``compute_optimal_token_baseline_advantage`` (``verl/trainer/ppo/core_algos.py`` at
-    verl-project/verl 1dda039; arXiv 2602.07078): in each group of G consecutive samples,
-
-        B_t = Σ_i G_{i,t}·W_{i,t}·m_{i,t} / (Σ_i W_{i,t}·m_{i,t} + ε),
-        W_{i,t} = Σ_{j≤t} w_{i,j}·m_{i,j}
-
-    with w_{i,j} = ‖∇log π(y_j|s_j)‖² = 1 − 2π(y_j|s_j) + Σ_v π(v|s_j)² (``score_sq``, the
-    squared norm of the softmax score, verl's path-variance proxy from π_old's probabilities),
-    G_{i,t} = the reward-to-go (R_i for a terminal reward; with a KL penalty in the reward,
-    R_i − Σ_{t'≥t} ``penalty``_{i,t'}). The rollout-IS variant multiplies w by ρ̄² (``is_weights``
-    ρ̄_{i,t}, verl's precomputed truncated rollout IS weights). ``handle_zero_tail``: where the
-    longest sequence of a group is the only one of its length, its baselines beyond the second
-    longest length are 0 (verl's default). ε = 1e-8 (verl). A group of one has B = 0.
-    """
-    R = np.asarray(rewards, dtype=np.float64)
-    m = np.asarray(mask, dtype=bool)
-    w = np.asarray(score_sq, dtype=np.float64)
-    if m.shape != (*R.shape, m.shape[-1]) or w.shape != m.shape:
-        raise ValueError(
-            f"mask and score_sq must have shape rewards.shape + (T,); got rewards {R.shape}, "
-            f"mask {m.shape}, score_sq {w.shape}"
-        )
-    G = _check_group_size(group_size, "otb")
-    N, T = m.shape[-2:]
-    if N % G:
-        raise ValueError(
-            f"the number of samples N = {N} is not divisible by group_size G = {G} "
-            "(advantage 'otb' needs whole groups)"
-        )
-    mf = m.astype(np.float64)
-    returns = R[..., None] * mf
-    if penalty is not None:
-        pen = np.asarray(penalty, dtype=np.float64) * mf
-        returns = returns - np.flip(np.cumsum(np.flip(pen, -1), -1), -1) * mf
-    if is_weights is not None:
-        w = w * np.asarray(is_weights, dtype=np.float64) ** 2
-    W = np.cumsum(w * mf, axis=-1)
-    shape = (*R.shape[:-1], N // G, G, T)
-    g_ret, g_W, g_m = returns.reshape(shape), W.reshape(shape), mf.reshape(shape)
-    base = (g_ret * g_W * g_m).sum(axis=-2, keepdims=True) / (
-        (g_W * g_m).sum(axis=-2, keepdims=True) + eps
-    )
-    base = np.broadcast_to(base, shape).copy()
-    if handle_zero_tail and G > 1:
-        lengths = g_m.sum(axis=-1)  # (..., groups, G)
-        top = np.sort(lengths, axis=-1)
-        longest, second = top[..., -1], top[..., -2]
-        unique = ((lengths == longest[..., None]).sum(axis=-1) == 1) & (longest > second)
-        owner = lengths == longest[..., None]  # the one longest row where ``unique``
-        tail = np.arange(T) >= second[..., None, None]  # positions beyond the second longest
-        base = np.where(unique[..., None, None] & owner[..., None] & tail, 0.0, base)
-    return ((g_ret - base) * g_m).reshape(m.shape)
 
 
 def _check_scale_rewards(scale_rewards, kind: str) -> str:
@@ -673,7 +612,8 @@ class Estimator:
         log π − log π_ref of the tokens, required with a ``kl`` penalty (ignored without one).
         ``score_sq`` (L..., N, T) = 1 − 2π(y_t|s_t) + Σ_v π(v|s_t)², required by the ``otb``
         advantage (per-token A_{i,t}, :func:`otb_advantages`; c then takes the sign of each
-        token's A).
+        token's A) and by ``opob`` (:func:`opob_advantages`, with the sequence IS ratio
+        exp Σ_t ``log_ratio``).
         """
         lr = np.asarray(log_ratio, dtype=np.float64)
         R = np.asarray(rewards, dtype=np.float64)
@@ -708,7 +648,15 @@ class Estimator:
             if x is not None and self.kl.where == "loss":
                 lam = lam + self.kl_loss_weights(x, lr, mask)
             return (lam, c) if return_coefficients else lam
-        adv = self.advantages(R, J)
+        if self.advantage == "opob":
+            if score_sq is None:
+                raise ValueError(
+                    f"estimator {self.name!r} (advantage 'opob') needs score_sq = 1 - 2 "
+                    "pi(y_t|s_t) + sum_v pi(v|s_t)^2 of the tokens"
+                )
+            adv = opob_advantages(R, mask, score_sq, lr, self.group_size)
+        else:
+            adv = self.advantages(R, J)
         if self.correction is None:
             old_log_ratio = None
         c = self.coefficients(

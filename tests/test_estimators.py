@@ -12,6 +12,7 @@ from simkit.envs import Bandit
 from simkit.estimators import (
     ADVANTAGES,
     AGGREGATIONS,
+    GROUP_ADVANTAGES,
     Estimator,
     advantages,
     aggregation_weights,
@@ -47,7 +48,8 @@ def _loop_advantages(R, kind, J=None, G=None, eps=1e-6):
 
 @settings(max_examples=60, deadline=None)
 @given(
-    kind=st.sampled_from([a for a in ADVANTAGES if a != "otb"]),  # otb: per token, own tests
+    # otb (per token) and opob (reads ratios and score norms): their own tests
+    kind=st.sampled_from([a for a in ADVANTAGES if a not in ("otb", "opob")]),
     G=st.integers(2, 5),
     groups=st.integers(1, 4),
     seed=st.integers(0, 2**32 - 1),
@@ -199,7 +201,7 @@ def test_n_not_divisible_by_group_size_is_an_error_at_use():
 def test_per_sample_property(name):
     mapping = mappings.get(name)
     for adv in ADVANTAGES:
-        G = 2 if adv in ("grpo", "dr_grpo", "rloo", "maxrl", "otb") else None
+        G = 2 if adv in GROUP_ADVANTAGES else None
         if adv == "otb" and mapping.batch_dependent:
             with pytest.raises(ValueError, match="not batch dependent"):
                 Estimator(mapping, advantage=adv, group_size=G)

@@ -315,7 +315,11 @@ def test_kl_rows_beyond_enumeration_go_to_monte_carlo_with_the_reason():
     env = TokenMDP.markov(V=3, T=16, seed=0)
     est = Estimator("is_token", "seq-mean-token-sum", kl=KLPenalty(0.1, "k1", "reward"))
     p = plan(est, env)
-    assert p.method == "monte_carlo" and "KL penalty has no moment DP" in p.why_mc
+    assert p.method == "monte_carlo" and "KL penalty in the reward" in p.why_mc
+    # in the loss, on a token-level mapping: the additive moment DP (untied), exact
+    loss = Estimator("is_token", "seq-mean-token-sum", kl=KLPenalty(0.1, "k1", "loss"))
+    assert plan(loss, env).method == "dp"
+    assert "untied parameters only" in plan(loss, env, params="tied").why_mc
 
 
 def test_tied_parameters_exact_kl_rows_lie_in_the_monte_carlo_bounds():

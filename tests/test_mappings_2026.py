@@ -349,8 +349,11 @@ def test_planner_treats_per_sample_mappings_as_exact():
     for params in ("untied", "tied"):
         assert experiment.plan(Estimator("dppo_tv", aggregation=agg), big, params).exact
     prime = Estimator(mappings.get("dppo_tv", preset="prime_rl"), aggregation=agg)
-    assert "additive" in dp_applies(big, prime.mapping, agg)
-    assert experiment.plan(prime, big).method == "monte_carlo"
+    assert "additive" in dp_applies(big, prime.mapping, agg)  # the plain DP refuses b
+    # the additive moment DP carries b (untied parameters; tests/test_token_moments_additive.py)
+    assert experiment.plan(prime, big).method == "dp"
+    assert experiment.plan(Estimator("dro", aggregation=agg), big).method == "dp"
+    assert "untied parameters only" in experiment.plan(prime, big, "tied").why_mc
     assert experiment.plan(Estimator("gepo", aggregation=agg), env).method == "monte_carlo"
 
 

@@ -112,6 +112,8 @@ def experiment_cells(config) -> list[Cell]:
                     "n_boot": config.n_boot,
                     "estimators": ests,
                 }
+                if config.ref is not None:  # absent otherwise: the cell keys of before
+                    params["ref"] = config.ref.to_dict()
                 columns = {
                     "env": env_label,
                     "family": config.behaviour.family,

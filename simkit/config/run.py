@@ -16,6 +16,7 @@ import numpy as np
 from simkit import experiment
 from simkit.estimator_specs import build_estimators
 
+from .ref import RefConfig
 from .schema import BanditConfig, BehaviourConfig, TokenMDPConfig
 
 __all__ = [
@@ -85,6 +86,8 @@ def run_cell(cell, progress: bool = False):
     ests = build_estimators(p["estimators"])
     setting = {k: v for k, v in cell.columns.items() if k not in _RUN_COLUMNS}
     extra = {} if old is None else {"old": old}  # no π_old: the call of before, bit for bit
+    if p.get("ref") is not None:  # π_ref of the KL penalties (the [ref] table)
+        extra["ref"] = RefConfig(**p["ref"]).build(env)
     table = experiment.run(
         env,
         mu,

@@ -55,6 +55,7 @@ from .fields import (
     one_or_more,
 )
 from .old import OldConfig, served_environment
+from .ref import KLConfig, RefConfig
 
 __all__ = [
     "EXACT_CHOICES",
@@ -65,7 +66,9 @@ __all__ = [
     "EnvironmentConfig",
     "EstimatorConfig",
     "Frozen",
+    "KLConfig",
     "OldConfig",
+    "RefConfig",
     "SweepConfig",
     "TokenMDPConfig",
     "distinct_estimators",
@@ -328,7 +331,7 @@ class EstimatorConfig(Frozen):
     sorted hyperparameter names), ``"zip"`` pairs them element by element (lists of one length:
     linked knobs such as PPO's ε_low = ε_high). Each hyperparameter setting is crossed with
     ``aggregations`` × ``advantages``; ``group_size`` applies to the group advantages (grpo,
-    dr_grpo, rloo, maxrl, otb), ``adv_eps`` to grpo and maxrl, ``scale_rewards`` (``"group"``
+    dr_grpo, rloo, maxrl, otb, opob), ``adv_eps`` to grpo and maxrl, ``scale_rewards`` (``"group"``
     or TRL's ``"batch"``) to grpo, ``otb_is_cap`` (the rollout-IS variant's cap C) to otb,
     ``max_length`` to seq-mean-token-sum-norm.
 
@@ -376,6 +379,7 @@ class EstimatorConfig(Frozen):
     denominator: Literal[composition.DENOMINATORS] = "valid"
     allow_same_ratio: StrictBool = False
     seed: NonNegInt = 0
+    kl: KLConfig | None = None
 
     @model_validator(mode="after")
     def _check(self):
@@ -501,6 +505,7 @@ class EstimatorConfig(Frozen):
                 denominator=self.denominator,
                 allow_same_ratio=self.allow_same_ratio,
                 seed=self.seed,
+                kl=None if self.kl is None else self.kl.build(),
             )
         except (ValueError, TypeError) as exc:
             raise KeyPathError("", _message(exc)) from None
@@ -523,6 +528,8 @@ class EstimatorConfig(Frozen):
             del d["adv_eps"]
         if d["scale_rewards"] == "group":
             del d["scale_rewards"]
+        if self.kl is not None:
+            d["kl"] = self.kl.to_dict()
         return plain(d)
 
 
@@ -570,9 +577,18 @@ class SweepConfig(Frozen):
     exact: Literal[EXACT_CHOICES] = "auto"
     level: Annotated[StrictFloat, Field(gt=0.0, lt=1.0)] = 0.95
     n_boot: Annotated[StrictInt, Field(ge=10)] = 1000
+    ref: RefConfig | None = None
 
     @model_validator(mode="after")
     def _check(self):
+        if self.ref is None:
+            for i, est in enumerate(self.estimators):
+                if est.kl is not None:
+                    raise KeyPathError(
+                        f"estimators[{i}].kl",
+                        "a KL penalty needs a reference policy: add a [ref] table "
+                        "(noise = σ or kl = a target KL_seq(pi || ref))",
+                    )
         if isinstance(self.environment, BanditConfig):
             for key in ("aggregate", "fraction"):
                 if getattr(self.behaviour, key) is not None:
@@ -612,6 +628,7 @@ class SweepConfig(Frozen):
             "environment": self.environment.to_dict(),
             "behaviour": self.behaviour.to_dict(),
             "estimators": [e.to_dict() for e in self.estimators],
+            **({} if self.ref is None else {"ref": self.ref.to_dict()}),
         }
 
     def validate(self) -> SweepConfig:
@@ -632,6 +649,11 @@ class SweepConfig(Frozen):
             except ValueError as exc:
                 at = f"behaviour.old (T = {T})" if len(lengths) > 1 else "behaviour.old"
                 raise ConfigError(f"{at}: {exc}") from None
+            if self.ref is not None:
+                try:
+                    self.ref.build(env)
+                except ValueError as exc:
+                    raise ConfigError(f"ref (T = {T}): {exc}") from None
             for target in self.behaviour.targets:
                 try:
                     self.behaviour.build(env, target, old)
@@ -653,4 +675,5 @@ class SweepConfig(Frozen):
 
     def toml_tables(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The keys written as ``[table]`` and as ``[[array of tables]]`` in TOML."""
-        return ("environment", "behaviour"), ("estimators",)
+        tables = ("environment", "behaviour") + (() if self.ref is None else ("ref",))
+        return tables, ("estimators",)

@@ -18,7 +18,7 @@ import numpy as np
 
 from simkit import kl as kl_mod
 from simkit import legs
-from simkit.envs.token_moments import composed_moments
+from simkit.envs.token_moments import additive_moments, composed_moments
 from simkit.envs.token_moments import moments as dp_moments
 from simkit.estimators import Estimator, as_estimator
 from simkit.experiment.metrics import (
@@ -104,7 +104,9 @@ def exact_moments(
     (:func:`simkit.envs.token_moments.composed_moments`) where the coefficient factorises.
 
     ``ref``: π_ref of an estimator with a KL penalty (:class:`simkit.kl.KLPenalty`; required
-    then, enumeration only). In the reward, each atom's advantage becomes
+    then; beyond enumeration, a penalty in the loss on a token-level mapping without a
+    correction has the moment DP :func:`simkit.envs.token_moments.additive_moments`, untied
+    parameters). In the reward, each atom's advantage becomes
     A' = R − b' − β·Σ_t w_t k_t (b' the penalised oracle baseline, :func:`oracle_baseline`),
     known per atom, so the formulas above hold with A'. In the loss, each sample adds
     v = Σ_t λ^KL_t ∇log π(y_t|s_t), a function of y alone: with u = Σ_t c_t a_t ∇log π,
@@ -129,7 +131,7 @@ def exact_moments(
         twin = exact_moments(env, mu, as_token_sum_base(est), n, params, old, ref)
         return dataclasses.replace(twin, mean=n * twin.mean, variance=n**2 * twin.variance)
     if how.method == "dp":  # beyond enumeration: the moment DP
-        return _dp_moments(env, mu, est, n, old, params)
+        return _dp_moments(env, mu, est, n, old, params, ref)
     baseline = oracle_baseline(env, mu, est, ref)
     atoms = env.support(mu, baseline)
     if est.kl is not None and est.kl.where == "reward":
@@ -308,7 +310,9 @@ def has_exact_path(env, estimator, params: str = "untied") -> bool:
     return plan(as_estimator(estimator), env, params).exact
 
 
-def _dp_moments(env, mu, est: Estimator, n: int, old=None, params: str = "untied") -> ExactMoments:
+def _dp_moments(
+    env, mu, est: Estimator, n: int, old=None, params: str = "untied", ref=None
+) -> ExactMoments:
     """Exact moments by the token-MDP DP (:mod:`simkit.envs.token_moments`; tied parameters:
     :mod:`simkit.envs.token_moments_tied`), any T; a composed estimator with π_old = ``old``.
     The kept fractions by :func:`simkit.envs.token_kept.kept_dp` where it applies (NaN
@@ -323,7 +327,11 @@ def _dp_moments(env, mu, est: Estimator, n: int, old=None, params: str = "untied
         )
     b = oracle_baseline(env, mu, est)
     tied = params == "tied"
-    if est.correction is None:  # one ratio π/μ, whatever π_old is
+    if est.kl is not None or est.mapping.has_additive:  # λ_t = (c_t·A + β_t)/Z, untied
+        m = additive_moments(
+            env, mu, est.mapping, b, est.aggregation, est.max_length, kl=est.kl, ref=ref
+        )
+    elif est.correction is None:  # one ratio π/μ, whatever π_old is
         moments_of = tied_moments if tied else dp_moments
         m = moments_of(env, mu, est.mapping, b, est.aggregation, est.max_length)
     else:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simkit import legs, reliability
-from simkit.estimators import ORACLE_ADVANTAGES, TOKEN_ADVANTAGES, Estimator, as_estimator
+from simkit.estimators import ORACLE_ADVANTAGES, SCORE_ADVANTAGES, Estimator, as_estimator
 from simkit.experiment.exact import check_finite_coefficients, oracle_baseline
 from simkit.experiment.metrics import best_scale, cosine, snr
 
@@ -59,7 +59,7 @@ def sample_gradients(
         old_log_ratio=old_log_ratio,
         rng=rng,
         ref_log_ratio=ref_log_ratio,
-        score_sq=token_score_sq(env, batch) if est.advantage in TOKEN_ADVANTAGES else None,
+        score_sq=token_score_sq(env, batch) if est.advantage in SCORE_ADVANTAGES else None,
         log_prob=legs.log_prob_for(est, env, batch),
     )
     mask = np.asarray(batch.mask, dtype=bool)

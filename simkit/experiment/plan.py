@@ -16,7 +16,8 @@ The rules, in order (the first that applies decides):
 4. The environment's support can be enumerated (the bandit; a token MDP within the enumeration
    budget) → ``enumeration`` (:func:`simkit.experiment.exact.exact_moments`).
 5. A moment DP applies (:mod:`simkit.envs.token_moments` for untied parameters, composed
-   estimators included, not an estimator with a KL penalty;
+   estimators included, and a per-token additive term — a KL penalty in the loss, DRO's or
+   DPPO's b — on a token-level mapping without a correction, not a KL penalty in the reward;
    :mod:`simkit.envs.token_moments_tied` for tied ones, whose second moment carries the
    cross-position terms) → ``dp``.
 6. Otherwise → ``monte_carlo``, with the DP's reason.
@@ -89,12 +90,19 @@ def plan(estimator, env, params: str = "untied", exact="auto") -> Plan:
 
 def dp_obstacle(est: Estimator, env, params: str) -> str:
     """'' if a moment DP gives ``est``'s exact moments on ``env`` with ``params``, else why not."""
-    from simkit.envs.token_moments import composed_dp_applies
+    from simkit.envs.token_moments import additive_dp_applies, composed_dp_applies
 
-    if est.kl is not None:
-        return "a KL penalty has no moment DP (its rows are exact by enumeration only)"
     if est.aggregation == "token-sum":  # n × seq-mean-token-sum (exact.exact_moments)
         est = as_token_sum_base(est)
+    if est.kl is not None or est.mapping.has_additive:
+        if params == "tied":
+            return (
+                "an additive per-token term (a KL penalty in the loss, a mapping's b) has a "
+                "moment DP for untied parameters only"
+            )
+        return additive_dp_applies(
+            env, est.mapping, est.correction, est.aggregation, est.denominator, est.kl
+        )
 
     if params == "tied":
         from simkit.envs.token_moments_tied import tied_composed_dp_applies

@@ -59,6 +59,11 @@ class DRO(Mapping):
     def _coefficients(self, log_ratio, mask, advantages):
         return mask.astype(np.float64)
 
+    def phi_probs(self, p, q, positive: bool = True) -> np.ndarray:
+        """c = 1 on probability tables p = π(y|s), q = μ(y|s) (any shape): the token DP's
+        tables (:mod:`simkit.envs.token_moments`; the additive term is carried there)."""
+        return np.ones(np.shape(p))
+
     def additive(self, log_ratio, mask, log_prob=None) -> np.ndarray:
         lr, m, _ = check_batch(log_ratio, mask, np.zeros(np.shape(log_ratio)[:1]))
         return log_ratio_penalty_term(lr, m, float(self.beta))
