@@ -1,10 +1,29 @@
 """Shared test helpers: the small bandit sweep configuration the sweep, CLI, report and
 reliability tests write to disk (imported as ``from conftest import bandit_toml``), and the
-random token-MDP behaviours of the moment tests (``from conftest import noisy_policy``)."""
+random token-MDP behaviours of the moment tests (``from conftest import noisy_policy``), and
+session fixtures for data that several test modules compute the same way."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
+import pytest
+
+
+@pytest.fixture(scope="session")
+def _bandit_small_data_once():
+    from simkit.figures import bandit_bias_variance
+
+    return bandit_bias_variance.compute(bandit_bias_variance.config(small=True))
+
+
+@pytest.fixture(scope="module")
+def bandit_small_data(_bandit_small_data_once):
+    """``bandit_bias_variance.compute(config(small=True))`` (≈ 4 s of CPU), computed once per
+    test process and shared by tests/test_figures.py and tests/test_figure_claims.py (issue
+    28); each module gets its own deep copy, as when each computed it."""
+    return copy.deepcopy(_bandit_small_data_once)
 
 
 def noisy_policy(logits, seed: int, scale: float, zero_last: bool = False) -> np.ndarray:

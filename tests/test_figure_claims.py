@@ -169,8 +169,8 @@ def test_same_kl_verdict_changes_when_nothing_grows(same_kl):
 
 
 @pytest.fixture(scope="module")
-def bandit():
-    return bandit_bias_variance.compute(bandit_bias_variance.config(small=True))
+def bandit(bandit_small_data):  # conftest: computed once for this module and test_figures'
+    return bandit_small_data
 
 
 def test_bandit_gspo_clip_note_follows_the_data(bandit):

@@ -237,8 +237,8 @@ def test_divergence_inequalities_same_kl_line(inequality_data):
 
 
 @pytest.fixture(scope="module")
-def bandit_data():
-    return bandit_bias_variance.compute(bandit_bias_variance.config(small=True))
+def bandit_data(bandit_small_data):  # conftest: computed once for this module and the claims'
+    return bandit_small_data
 
 
 def test_bandit_bias_variance_data(bandit_data):

@@ -374,3 +374,25 @@ def test_rank_agreement_and_relative_metrics():
     np.testing.assert_allclose(rel.rel_bias, [1.0, 0.5])
     with pytest.raises(ValueError, match="no 'is_seq' row"):
         X.relative_metrics(tab, reference="is_seq")
+
+
+def test_gradient_metrics_cache_gives_the_same_values_and_needs_boot_weights():
+    """The reference-only terms shared through ``cache`` (issue 28) change no value: every
+    metric equals the uncached one exactly, for two estimators sharing one cache."""
+    from simkit.lm.metrics import _resample_weights
+
+    rng = np.random.default_rng(5)
+    U = rng.normal(size=(40, 6))
+    boot = (_resample_weights(12, 50, rng), _resample_weights(40, 50, rng))
+    coeffs, mask = rng.random((12, 3, 4)), rng.random((12, 3, 4)) < 0.8
+    cache = {}
+    for shift in (0.0, 0.3):
+        g = rng.normal(size=(12, 6)) + shift
+        plain = X.gradient_metrics(g, U, 3, coeffs, mask, boot_weights=boot)
+        shared = X.gradient_metrics(g, U, 3, coeffs, mask, boot_weights=boot, cache=cache)
+        assert plain.keys() == shared.keys()
+        for key, value in plain.items():
+            assert value == shared[key] or (value != value and shared[key] != shared[key]), key
+    assert set(cache) == {"gram_uu", "zero"}
+    with pytest.raises(ValueError, match="cache needs boot_weights"):
+        X.gradient_metrics(g, U, 3, coeffs, mask, cache={})

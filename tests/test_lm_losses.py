@@ -865,3 +865,25 @@ def test_composed_loss_bad_input():
         losses.policy_loss("ppo_clip", *args, rollout_log_prob=args[1])
     with pytest.raises(ValueError, match="valid modes"):
         losses.policy_loss("ppo_clip", *args, correction="tis_token", mode="nope")
+
+
+@pytest.mark.parametrize("trust_region_only", [True, False])
+def test_m2po_float32_decision_matches_the_float64_mean_at_the_threshold(trust_region_only):
+    """m2po_removed decides "remove nothing" from a float32 sum when the mean is clearly below
+    τ (issue 28); at τ within 10⁻⁹ of the float64 mean of the float32 squares it must still
+    follow that float64 mean exactly, on both sides (and with the |log r| bound given)."""
+    gen = torch.Generator().manual_seed(28)
+    lr = 0.05 * torch.randn(64, 512, generator=gen)
+    mask = torch.ones_like(lr, dtype=torch.bool)
+    positive = torch.rand(64, generator=gen) < 0.5
+    side = torch.where(positive, 1.0, -1.0)[:, None]
+    cand = (lr * side > 0) if trust_region_only else mask
+    sq = (lr * lr).double()[cand]
+    mean = float(sq.sum()) / int(cand.sum())
+    bound = float(lr.abs().max())
+    for b in (None, bound):
+        for tau, removes in ((mean * (1 + 1e-9), False), (mean * (1 - 1e-9), True)):
+            removed = losses.m2po_removed(lr, mask, positive, tau, trust_region_only, b)
+            assert (removed is not None) == removes, (tau, b)
+        # far below the bound's square and far above the mean: nothing removed either way
+        assert losses.m2po_removed(lr, mask, positive, 2 * mean, trust_region_only, b) is None

@@ -213,15 +213,20 @@ def summarize(
     stats = pd.DataFrame.from_dict(rows, orient="index")
     stats.index.name = by
     pairs = []
-    for a in wide.columns:
-        for b in wide.columns:
-            if a == b:
+    # the pairs on numpy columns (a pandas dropna per pair cost ~1.5 ms: 4 summaries of 31
+    # estimators took 5.7 s, issue 28); a row counts where both values are finite, as dropna
+    cols = list(wide.columns)
+    W = wide.to_numpy(dtype=float)
+    finite = np.isfinite(W)
+    for i, a in enumerate(cols):
+        for j, b in enumerate(cols):
+            if i == j:
                 continue
-            both = wide[[a, b]].dropna()
-            x, y = both[a].to_numpy(), both[b].to_numpy()
+            both = finite[:, i] & finite[:, j]
+            x, y = W[both, i], W[both, j]
             tie = np.abs(x - y) <= tie_rtol * np.maximum(np.abs(x), np.abs(y))
             better = ~tie & ((x < y) if lower_is_better else (x > y))
-            m = len(both)
+            m = len(x)
             wins, ties = int(better.sum()), int(tie.sum())
             losses = m - wins - ties
             pairs.append(

@@ -23,7 +23,18 @@ def _gram_trace_sq(X: np.ndarray, Y: np.ndarray | None = None) -> float:
     return float(np.sum(K * K))
 
 
-def bias_statistics(gradients, reference_samples) -> dict[str, float]:
+def _reference_term(cache: dict | None, key: str, compute):
+    """``compute()``, or its value stored in ``cache`` under ``key``: the terms of the
+    reference draws alone (the same for every estimator of a study) are computed once per
+    study instead of once per estimator (issue 28); ``cache`` None computes every time."""
+    if cache is None:
+        return compute()
+    if key not in cache:
+        cache[key] = compute()
+    return cache[key]
+
+
+def bias_statistics(gradients, reference_samples, cache: dict | None = None) -> dict[str, float]:
     """Debiased squared bias of E ĝ against ∇J and its standard error (module docstring).
 
     ``gradients`` (R, D): ĝ_r of R independent batches; ``reference_samples`` (M, D): i.i.d.
@@ -32,7 +43,8 @@ def bias_statistics(gradients, reference_samples) -> dict[str, float]:
     √(2 tr Σ² + 4 ΔᵀΣΔ), Σ = Σ_g/R + Σ_u/M, with ΔᵀΣΔ estimated by Δ̂ᵀΣ̂Δ̂ − tr Σ̂², clipped
     at 0; tr Σ̂² from Gram matrices, which slightly over-estimates it: conservative),
     ``noise`` = tr(Σ̂_g)/R + tr(Σ̂_u)/M (the Monte Carlo floor removed), ``variance`` tr Σ̂_g,
-    ``ref_variance`` tr Σ̂_u.
+    ``ref_variance`` tr Σ̂_u. ``cache``: a dict shared by calls with the same
+    ``reference_samples`` (and bootstrap weights), which keeps their reference-only terms.
     """
     g = np.asarray(gradients, dtype=np.float64)
     u = np.asarray(reference_samples, dtype=np.float64)
@@ -52,7 +64,7 @@ def bias_statistics(gradients, reference_samples) -> dict[str, float]:
     bias_sq = float(delta @ delta) - noise
     tr_sigma2 = (
         _gram_trace_sq(Xg) / ((R - 1) ** 2 * R**2)
-        + _gram_trace_sq(Xu) / ((M - 1) ** 2 * M**2)
+        + _reference_term(cache, "gram_uu", lambda: _gram_trace_sq(Xu)) / ((M - 1) ** 2 * M**2)
         + 2.0 * _gram_trace_sq(Xg, Xu) / ((R - 1) * (M - 1) * R * M)
     )
     quad = float(np.sum((Xg @ delta) ** 2)) / ((R - 1) * R) + float(np.sum((Xu @ delta) ** 2)) / (
@@ -91,6 +103,7 @@ def gradient_metrics(
     n_boot: int = 200,
     rng: np.random.Generator | None = None,
     boot_weights: tuple[np.ndarray, np.ndarray] | None = None,
+    cache: dict | None = None,
 ) -> dict[str, float]:
     """Metrics of one estimator against the estimated ∇J (module docstring).
 
@@ -103,7 +116,9 @@ def gradient_metrics(
     (:func:`simkit.experiment.effective_sample_size`); ``khat`` of |c|. Bounds at ``level``:
     bias from bias_sq ± z·bias_sq_se, bias_dir from the bootstrap confidence ball; the others
     percentile bootstrap over batches and reference draws resampled independently
-    (``boot_weights`` = (W_g (B, R), W_u (B, M)) to share resamples between estimators).
+    (``boot_weights`` = (W_g (B, R), W_u (B, M)) to share resamples between estimators;
+    ``cache``: a dict shared by the estimators of one study, the same ``reference_samples`` and
+    ``boot_weights``, in which the reference-only terms are computed once — the same values).
 
     Also the scale-free error (:func:`scale_free_statistics`: ``mse_zero``, ``alpha_star``,
     ``mse_scaled``, ``rel_mse_scaled`` with bounds), the kept fractions
@@ -112,9 +127,11 @@ def gradient_metrics(
     """
     g = np.asarray(gradients, dtype=np.float64)
     u = np.asarray(reference_samples, dtype=np.float64)
-    stats = bias_statistics(g, u)
+    stats = bias_statistics(g, u, cache=cache)
     R, M = g.shape[0], u.shape[0]
     if boot_weights is None:
+        if cache is not None:
+            raise ValueError("cache needs boot_weights (its terms depend on the resamples)")
         rng = np.random.default_rng(0) if rng is None else rng
         boot_weights = (_resample_weights(R, n_boot, rng), _resample_weights(M, n_boot, rng))
     Wg, Wu = boot_weights
@@ -195,7 +212,7 @@ def gradient_metrics(
     out["bias_sq"] = bias_sq
     out["bias_sq_se"] = stats["bias_sq_se"]
     out["ref_variance"] = stats["ref_variance"]
-    out.update(scale_free_statistics(g, u, level=level, boot_weights=boot_weights))
+    out.update(scale_free_statistics(g, u, level=level, boot_weights=boot_weights, cache=cache))
     out.update(kept_statistics(coefficients, mask, level=level, boot_weights=Wg))
     out.update(draw_reliability(g, u, coefficients, mask))
     return out
@@ -255,6 +272,7 @@ def scale_free_statistics(
     boot_weights: tuple[np.ndarray, np.ndarray] | None = None,
     n_boot: int = 200,
     rng: np.random.Generator | None = None,
+    cache: dict | None = None,
 ) -> dict[str, float]:
     """The scale-free error (:func:`simkit.experiment.metrics.scale_free`) from Monte Carlo
     draws, with the noise of both means removed.
@@ -278,7 +296,7 @@ def scale_free_statistics(
     ``level`` resampling the batches and the reference draws independently (``boot_weights``
     = (W_g (B, R), W_u (B, M)) resampling weights that sum to 1 per row, shared with
     :func:`gradient_metrics`; the same U-statistics on each resample, over distinct positions
-    of the resampled lists).
+    of the resampled lists). ``cache``: as in :func:`gradient_metrics` (needs ``boot_weights``).
     """
     g = np.asarray(gradients, dtype=np.float64)
     u = np.asarray(reference_samples, dtype=np.float64)
@@ -291,10 +309,11 @@ def scale_free_statistics(
     if R < 2 or M < 2:
         raise ValueError(f"need at least 2 batches and 2 reference samples, got {R} and {M}")
     if boot_weights is None:
+        if cache is not None:
+            raise ValueError("cache needs boot_weights (its terms depend on the resamples)")
         rng = np.random.default_rng(0) if rng is None else rng
         boot_weights = (_resample_weights(R, n_boot, rng), _resample_weights(M, n_boot, rng))
     A = g @ u.T
-    K = u @ u.T
     sq = np.sum(g * g, axis=1)
     c = np.vstack([np.ones(R), boot_weights[0] * R])  # multiplicities; row 0 = the sample
     d = np.vstack([np.ones(M), boot_weights[1] * M])
@@ -302,7 +321,8 @@ def scale_free_statistics(
     inner = (c @ A * d).sum(axis=1) / (R * M)
     inner_sq = _distinct_pair_inner_sq(A, c, d) / norm_rm
     second = c @ sq / R
-    zero = _distinct_pair_norm_sq(K, d) / (M * (M - 1))
+    zero = _reference_term(cache, "zero", lambda: _distinct_pair_norm_sq(u @ u.T, d))
+    zero = zero / (M * (M - 1))
     with np.errstate(divide="ignore", invalid="ignore"):
         scaled = np.where(second > 0, zero - inner_sq / second, zero)
         scaled = np.minimum(np.maximum(scaled, 0.0), np.maximum(zero, 0.0))

@@ -524,8 +524,11 @@ def gradient_study(
         divergences["kl_seq"] = float(np.mean(w * log_w.ravel()))
         divergences["tv_seq"] = float(0.5 * np.mean(np.abs(w - 1.0)))
     rows = []
+    cache = {}  # the reference draws' own terms, once for every estimator
     for e, est in enumerate(ests):
-        metrics = gradient_metrics(grads[e], U, n, coeffs[e], masks, level=level, boot_weights=boot)
+        metrics = gradient_metrics(
+            grads[e], U, n, coeffs[e], masks, level=level, boot_weights=boot, cache=cache
+        )
         rows.append(
             {
                 **describe(est, _RESERVED, composition=False),

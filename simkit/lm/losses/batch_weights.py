@@ -102,6 +102,7 @@ def m2po_removed(
     positive: torch.Tensor,
     tau: float,
     trust_region_only: bool = True,
+    bound: float | None = None,
 ) -> torch.Tensor | None:
     """The M2PO mask: True where a token is removed, (N, T) bool, or None if none is.
 
@@ -110,23 +111,49 @@ def m2po_removed(
     in row-major order). Candidates: valid tokens, restricted (``trust_region_only``) to the side
     PPO's clip acts on (A >= 0 and r_t > 1, or A < 0 and r_t < 1). ``log_ratio`` (N, T) must be
     0 on padded positions; ``mask`` (N, T) bool, ``positive`` (N,) bool. The total is summed in
-    float64.
+    float64. ``bound`` (optional): max |log r| over the tokens; when bound² <= τ·(1 − 10⁻⁶) every
+    candidate's (log r)² (float32 or float64) is at most τ, so is their mean, and None is
+    returned without reading ``log_ratio`` — the same answer as the sum: its float64 rounding
+    (relative n·2⁻⁵³ at most) stays below the 10⁻⁶ margin for n < 10⁹ tokens.
     """
+    if bound is not None and log_ratio.numel() < 10**9 and bound * bound <= tau * (1.0 - 1e-6):
+        return None
     lr = log_ratio.detach()
     if trust_region_only:
-        # the side of the sign of A: s·log r > 0 with s = ±1 (a padded log r = 0 never is)
+        # the side of the sign of A: s·log r > 0 with s = ±1 (a padded log r = 0 never is),
+        # as 1.0/0.0 in the compute dtype (an in-place float compare: no bool → float cast)
         side = torch.where(positive, 1.0, -1.0).to(lr.dtype)[:, None]
-        cand = (lr * side) > 0
-        sq = (lr * lr).mul_(cand.view(torch.uint8).to(lr.dtype))
+        cand = torch.mul(lr, side).gt_(0.0)
+        sq = (lr * lr).mul_(cand)
+        # a float sum of 0/1 is exact below 2^24 (float32) entries
+        exact = (lr.dtype == torch.float32 and cand.numel() <= 2**24) or lr.dtype == torch.float64
+        count = cand.sum() if exact else None
     else:
         cand = mask
         sq = lr * lr  # 0 on padding
-    total, n = torch.stack(
-        [sq.sum(dtype=torch.float64), torch.count_nonzero(cand).to(torch.float64)]
-    ).tolist()
-    n = int(n)
+        count = None
+    if count is None:
+        count = torch.count_nonzero(cand)
+    if sq.dtype != torch.float32:
+        total, n = torch.stack([sq.sum(dtype=torch.float64), count.to(torch.float64)]).tolist()
+        n = int(n)
+    else:
+        # float32: the sum in float32 first (no float64 copy of (N, T)); with γ = m·2⁻²⁴/(1 −
+        # m·2⁻²⁴), m = #entries − 1, any order of float32 additions of m + 1 values >= 0 is
+        # within a factor (1 ± γ) of their exact sum S, so s32 <= τ·n·(1 − γ)·(1 − 10⁻⁶)
+        # implies S < τ·n·(1 − 10⁻⁶) and the float64 sum of the decision below (relative error
+        # < 10⁻⁷ for < 10⁹ entries) is <= τ·n as well: no removal, the same answer. Otherwise
+        # (the mean within that margin of τ, or above) the float64 sum decides, as always
+        s32, n = torch.stack([sq.sum(), count.to(sq.dtype)]).tolist()
+        n = int(n)
+        m = max(sq.numel() - 1, 0) * 2.0**-24
+        if n == 0 or (m < 0.5 and s32 <= tau * n * (1.0 - m / (1.0 - m)) * (1.0 - 1e-6)):
+            return None
+        total = float(sq.sum(dtype=torch.float64))
     if n == 0 or total <= tau * n:
         return None
+    if trust_region_only:
+        cand = cand != 0
     k, threshold = _smallest_removal(sq.reshape(-1), n, total, tau)
     removed = sq > threshold  # implies a candidate: non-candidates hold 0 <= threshold
     extra = k - int(torch.count_nonzero(removed))
