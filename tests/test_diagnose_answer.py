@@ -83,6 +83,12 @@ def test_report_prints_the_answer_and_the_validation(tmp_path):
     assert "Your setting `icepop:c_low=0.5,c_high=5`" in text
     assert "## How far to trust the twin: validation on exact twins" in text
     assert m["validation"] == validation.summary(validation.run())
+    # the stored validation on the exact SmolLM2 tree (simkit.diagnose.validation_lm)
+    from simkit.diagnose import validation_lm
+
+    lm_table, lm_prov = validation_lm.stored()
+    assert m["validation_smollm2"] == validation_lm.summary(lm_table)
+    assert "\n".join(validation_lm.lines(lm_table, lm_prov)) in text
 
 
 def test_validation_meets_the_threshold_target_and_the_docs_print_its_numbers():

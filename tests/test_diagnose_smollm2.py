@@ -86,7 +86,10 @@ def test_stored_numbers_are_what_the_code_computes(stored):
         if col in ("case", "refused", "pairs_resolved", "leaves"):
             continue
         np.testing.assert_allclose(
-            fresh[col].to_numpy(float), table[col].to_numpy(float), rtol=1e-6, atol=1e-8,
+            fresh[col].to_numpy(float),
+            table[col].to_numpy(float),
+            rtol=1e-6,
+            atol=1e-8,
             err_msg=col,
         )
     assert validation.summary(fresh) == pytest.approx(validation.summary(table), nan_ok=True)

@@ -428,7 +428,6 @@ def diagnose(
     val_lines = val = val_lm = None
     if validate:
         from simkit.diagnose import validation as _validation
-
         from simkit.diagnose import validation_lm as _validation_lm
 
         table = _validation.run()
