@@ -83,6 +83,12 @@ def test_report_prints_the_answer_and_the_validation(tmp_path):
     assert "Your setting `icepop:c_low=0.5,c_high=5`" in text
     assert "## How far to trust the twin: validation on exact twins" in text
     assert m["validation"] == validation.summary(validation.run())
+    # the stored validation on the exact SmolLM2 tree (simkit.diagnose.validation_lm)
+    from simkit.diagnose import validation_lm
+
+    lm_table, lm_prov = validation_lm.stored()
+    assert m["validation_smollm2"] == validation_lm.summary(lm_table)
+    assert "\n".join(validation_lm.lines(lm_table, lm_prov)) in text
 
 
 def test_validation_meets_the_threshold_target_and_the_docs_print_its_numbers():
@@ -99,6 +105,25 @@ def test_validation_meets_the_threshold_target_and_the_docs_print_its_numbers():
         text = re.sub(r"\s+", " ", page.read_text())
         for phrase in stated:
             assert phrase in text, f"{page.name} does not state {phrase!r}"
+
+
+def test_more_logged_responses_do_not_lift_rho_and_the_docs_say_so():
+    """4× more logged responses leave ρ where it is: the misses are the twin's systematic
+    error, not its sampling noise (README and docs print the N = 8000 numbers)."""
+    base = validation.summary(validation.run())
+    more = validation.summary(validation.run(N=8000))
+    assert more["rho_at_least_0.8"] == base["rho_at_least_0.8"] < more["cases"]
+    assert abs(more["rho_median"] - base["rho_median"]) < 0.05
+    assert abs(more["rho_min"] - base["rho_min"]) < 0.1 and more["rho_min"] < 0.8
+    phrase = (
+        "N = 8000",
+        f"min {more['rho_min']:.2f}, median {more['rho_median']:.2f} "
+        f"(≥ 0.8 in {more['rho_at_least_0.8']} of {more['cases']} cases)",
+    )
+    for page in (ROOT / "README.md", ROOT / "docs" / "diagnose.md"):
+        text = re.sub(r"\s+", " ", page.read_text())
+        for p in phrase:
+            assert p in text, f"{page.name} does not state {p!r}"
 
 
 @pytest.mark.xfail(

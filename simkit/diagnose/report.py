@@ -374,7 +374,8 @@ def diagnose(
     ``advantage``: the user's batch (:func:`resolve_batch`). ``current``: the user's correction
     spec, compared with the recommendation (:mod:`simkit.diagnose.recommend`). ``validate``:
     print the validation on exact token-MDP twins (:mod:`simkit.diagnose.validation`, ~3 s,
-    cached per process). ``out_dir`` must not exist or be
+    cached per process) and the stored one on the exact SmolLM2 tree
+    (:mod:`simkit.diagnose.validation_lm`). ``out_dir`` must not exist or be
     empty (``force``: replace it). Everything is computed and written into a temporary sibling
     directory first, then renamed: an error leaves no partial report. Returns the directory."""
     from simkit.estimators import AGGREGATIONS
@@ -424,12 +425,16 @@ def diagnose(
             n_boot=n_boot,
             seed=seed,
         )
-    val_lines = val = None
+    val_lines = val = val_lm = None
     if validate:
         from simkit.diagnose import validation as _validation
+        from simkit.diagnose import validation_lm as _validation_lm
 
         table = _validation.run()
         val, val_lines = _validation.summary(table), _validation.lines(table)
+        lm_table, lm_prov = _validation_lm.stored()
+        val_lm = _validation_lm.summary(lm_table)
+        val_lines += _validation_lm.lines(lm_table, lm_prov)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -447,6 +452,7 @@ def diagnose(
             "curves": None if answer is None else answer[1].to_dict(orient="records"),
             "current": None if answer is None else answer[2],
             "validation": val,
+            "validation_smollm2": val_lm,
             "caveats": list(CAVEATS),
         }
         (tmp / "metrics.json").write_text(json.dumps(payload, indent=2, default=float))

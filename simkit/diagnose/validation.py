@@ -50,37 +50,36 @@ def logged(env, mu, N: int, seed: int):
     return lpi, lmu, np.asarray(b.mask, bool), np.asarray(b.rewards, float)
 
 
-def validate_case(env, mu, *, N=2000, n=8, aggregation="seq-mean-token-sum", seed=0) -> dict:
-    """ρ and the per-family excess of one (env, μ) (module docstring)."""
-    from scipy.stats import spearmanr
-
-    from simkit import experiment
-    from simkit.diagnose.legs import MISMATCH_CORRECTIONS, leg_metrics
-    from simkit.diagnose.recommend import FAMILIES, _estimators
+def estimators(aggregation: str = "seq-mean-token-sum"):
+    """Every grid point of :data:`simkit.diagnose.recommend.FAMILIES`, naive, and the
+    corrections of :data:`simkit.diagnose.legs.MISMATCH_CORRECTIONS` at their defaults
+    (advantage R − J(π), ``oracle_pi``)."""
+    from simkit.diagnose.legs import MISMATCH_CORRECTIONS
+    from simkit.diagnose.recommend import _estimators
     from simkit.estimators import Estimator
-    from simkit.lm import twin_dist
 
-    lpi, lmu, mask, rewards = logged(env, mu, N, seed)
-    lm = leg_metrics(lpi, lmu, mask, seed=seed)
     ests, _ = _estimators(aggregation, "oracle_pi", None, None)
     defaults = [m for m in MISMATCH_CORRECTIONS if m != "naive"]
     ests += [Estimator(m, aggregation=aggregation, advantage="oracle_pi", name=m) for m in defaults]
-    pred = twin_dist.predict(twin_dist.Rollouts(lpi, lmu, mask, rewards), ests, n, reps=100)
-    exact = experiment.run(env, mu, ests, n, reps=20, exact=True, progress=False, n_boot=10)
-    pred, exact = pred.set_index("estimator"), exact.set_index("estimator")
+    return ests
+
+
+def score(pred: pd.DataFrame, exact: pd.DataFrame) -> dict:
+    """``rho``, ``pairs_resolved``, ``pair_agreement`` and ``excess_<family>`` (module docstring)
+    from the predicted and the exact tables (indexed by estimator name, ``rel_mse_scaled``)."""
+    from scipy.stats import spearmanr
+
+    from simkit.diagnose.legs import MISMATCH_CORRECTIONS
+    from simkit.diagnose.recommend import FAMILIES
+
     names = list(MISMATCH_CORRECTIONS)
-    rho = float(
-        spearmanr(pred.loc[names, "rel_mse_scaled"], exact.loc[names, "rel_mse_scaled"]).statistic
-    )
     pe = pred.loc[names, "rel_mse_scaled"].to_numpy(dtype=float)
     ee = exact.loc[names, "rel_mse_scaled"].to_numpy(dtype=float)
     i, j = np.triu_indices(len(names), 1)
     resolved = np.abs(ee[i] - ee[j]) > RESOLUTION
     agree = np.sign(pe[i] - pe[j]) == np.sign(ee[i] - ee[j])
     out = {
-        "refused": not lm["rankable"],
-        "khat_seq": lm["khat_seq"],
-        "rho": rho,
+        "rho": float(spearmanr(pe, ee).statistic),
         "pairs_resolved": int(resolved.sum()),
         "pair_agreement": float(agree[resolved].mean()) if resolved.any() else float("nan"),
     }
@@ -90,6 +89,21 @@ def validate_case(env, mu, *, N=2000, n=8, aggregation="seq-mean-token-sum", see
         e = exact.loc[nm, "rel_mse_scaled"].to_numpy(dtype=float)
         out[f"excess_{fam}"] = float((e[int(np.argmin(p))] - e.min()) / e.min())
     return out
+
+
+def validate_case(env, mu, *, N=2000, n=8, aggregation="seq-mean-token-sum", seed=0) -> dict:
+    """ρ and the per-family excess of one (env, μ) (module docstring)."""
+    from simkit import experiment
+    from simkit.diagnose.legs import leg_metrics
+    from simkit.lm import twin_dist
+
+    lpi, lmu, mask, rewards = logged(env, mu, N, seed)
+    lm = leg_metrics(lpi, lmu, mask, seed=seed)
+    ests = estimators(aggregation)
+    pred = twin_dist.predict(twin_dist.Rollouts(lpi, lmu, mask, rewards), ests, n, reps=100)
+    exact = experiment.run(env, mu, ests, n, reps=20, exact=True, progress=False, n_boot=10)
+    res = score(pred.set_index("estimator"), exact.set_index("estimator"))
+    return {"refused": not lm["rankable"], "khat_seq": lm["khat_seq"], **res}
 
 
 @functools.lru_cache(maxsize=4)
