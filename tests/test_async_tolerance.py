@@ -126,3 +126,16 @@ def test_config_checks_and_draw(small):
         A.Config(V=8, T=5)
     fig = A.draw(small[1])
     assert len(fig.axes) >= 3
+
+
+def test_ppo_recomputed_note_says_coincides_or_the_gap(small):
+    """PPO with the recomputed π_old equals keep + per-version IS: the note says so, and it
+    prints the gap instead when the data stop supporting it."""
+    cfg, data = small
+    assert any("coincides with keep, per-version IS" in line for line in A.notes(data, cfg))
+    moved = data.copy()
+    sel = (moved.part == "curves") & (moved.strategy == "PPO, recomputed π_old")
+    moved.loc[sel, "rel_bias"] += 0.01
+    lines = A.notes(moved, cfg)
+    assert not any("coincides" in line for line in lines)
+    assert any("by at most 0.01 in relative bias" in line for line in lines)

@@ -404,9 +404,14 @@ def notes(data: pd.DataFrame, cfg: Config) -> tuple[str, ...]:
         .abs()
         .max()
     )
+    relation = (
+        "coincides with keep, per-version IS (relative biases equal to 1e-12)"
+        if same <= 1e-12
+        else f"differs from keep, per-version IS by at most {same:.1g} in relative bias"
+    )
     lines.append(
         "Decoupled PPO with the recomputed π_old (= π on the first mini-batch: the PPO ratio "
-        f"is 1) differs from keep, per-version IS by at most {same:.1g} in relative bias; the "
+        f"is 1) {relation}; the "
         "log-linear π_old interpolates the ratio to (π/μ)^(1/(a+1)) for a token of age a."
     )
     cov = data[(data.part == "coverage") & (data.strategy == "drop")].set_index("max_age")
