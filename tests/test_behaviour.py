@@ -114,7 +114,7 @@ def test_sequence_level_property(target, seed, family):
 
 def test_iid_sequence_target_closed_form():
     """iid env (π the same at every position, fixed length T): 1 + χ²_seq = (1 + χ²_tok)^T, so
-    a sequence target c gives every row χ²_tok = (1 + c)^{1/T} − 1 (reference sheet §F), and
+    a sequence target c gives every row χ²_tok = (1 + c)^{1/T} − 1 (docs/reference.md §F), and
     KL_seq = T·KL_tok (chain rule)."""
     T = 6
     env = TokenMDP.iid(5, T, seed=11)

@@ -267,7 +267,7 @@ def test_sequence_functions_reduce_along_axis():
     np.testing.assert_allclose(dv.chi2_seq(chi2_t), [1.1 * 1.2 * 1.3 - 1, 0.5], rtol=1e-14)
     np.testing.assert_allclose(dv.chi2_seq(chi2_t.T, axis=0), dv.chi2_seq(chi2_t), rtol=1e-15)
     np.testing.assert_allclose(dv.kl_seq(chi2_t, axis=0), [0.1, 0.2, 0.8], rtol=1e-15)
-    # rl-collapse's numbers: 1.01^200 ≈ 7.3 and 1.05^200 ≈ 17 293 (reference sheet §F)
+    # rl-collapse's numbers: 1.01^200 ≈ 7.3 and 1.05^200 ≈ 17 293 (docs/reference.md §F)
     assert dv.chi2_seq(np.full(200, 0.01)) + 1 == pytest.approx(1.01**200, rel=1e-12)
     assert dv.chi2_seq(np.full(200, 0.05)) + 1 == pytest.approx(17292.58, rel=1e-6)
     assert dv.chi2_seq([0.1, np.inf]) == np.inf

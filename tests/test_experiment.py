@@ -83,7 +83,7 @@ def test_sequence_is_is_exactly_unbiased_off_policy(reward):
             m = exact_moments(env, MU, est, n=5)
             scale = 5 if agg == "token-sum" else 1  # Z = 1: the sum of n = 5 unbiased terms
             assert bias(m.mean, scale * env.grad_J()) < 1e-12
-    # ESS of sequence IS = n/(1 + χ²) (reference sheet section F)
+    # ESS of sequence IS = n/(1 + χ²) (docs/reference.md §F)
     m = exact_moments(env, MU, Estimator("is_seq"), n=5)
     assert m.ess == pytest.approx(5 / (1 + float(divergence.chi2(env.pi, MU))), rel=1e-12)
 

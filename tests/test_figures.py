@@ -119,7 +119,7 @@ def test_kernel_shapes_data():
         i = int(np.argmax(phi))
         assert abs(phi[i] - 1.0) < 1e-12
         assert abs(w[i] - argmax) < 1e-12
-    # hard clip ε = 0.2: φ = W inside the band, 0 outside (reference sheet B)
+    # hard clip ε = 0.2: φ = W inside the band, 0 outside (docs/reference.md, Mappings)
     phi_pos, phi_neg = curve("hard clip", "A>0", "phi"), curve("hard clip", "A<0", "phi")
     np.testing.assert_allclose(phi_pos, np.where(w <= 1.2 + 1e-12, w, 0.0), atol=1e-12)
     np.testing.assert_allclose(phi_neg, np.where(w >= 0.8 - 1e-12, w, 0.0), atol=1e-12)

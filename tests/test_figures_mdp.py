@@ -222,7 +222,7 @@ def test_vespo_bound_data():
     # VESPO Prop. 3.1 holds at every point, exactly and on the empirical measure
     assert (data.second_moment <= data.bound * (1 + 1e-12)).all()
     assert (data.mc_second_moment <= data.mc_bound * (1 + 1e-12)).all()
-    # the enumeration is exact: E_μ[W²] = (1 + χ²_tok)^T for i.i.d. tokens (reference sheet A)
+    # the enumeration is exact: E_μ[W²] = (1 + χ²_tok)^T for i.i.d. tokens (docs/reference.md §F)
     np.testing.assert_allclose(data.w_second_moment, 1 + data.chi2_seq, rtol=1e-9)
     expected = theory.seq_is_second_moment(data.chi2_tok.to_numpy(), cfg.T)
     np.testing.assert_allclose(data.w_second_moment, expected, rtol=1e-9)
@@ -283,7 +283,7 @@ def test_seq_variance_vs_T_data():
     curves, iid_mc, markov = data["curves"], data["iid_mc"], data["markov"]
     for frame in (curves, iid_mc, markov):
         assert np.isfinite(frame.to_numpy(dtype=float)).all()
-    # exact curve: Var W = (1+χ²)^T − 1 (reference sheet A, independent tokens)
+    # exact curve: Var W = (1+χ²)^T − 1 (docs/reference.md §F, independent tokens)
     np.testing.assert_allclose(curves.exact, (1 + curves.chi2_tok) ** curves["T"] - 1, rtol=1e-10)
     # Monte Carlo within Z·SE of the exact value (χ²_seq ≤ ~1 here: light enough tails)
     truth = (1 + iid_mc.chi2_tok) ** iid_mc["T"] - 1

@@ -296,7 +296,7 @@ def reinforce_gradient(mask, adv, agg="token-mean"):
 @pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
 def test_on_policy_is_reinforce(variant):
     """log_prob == old_log_prob ⇒ the gradient of plain REINFORCE for every mapping whose
-    coefficient is 1 on-policy (reference sheet: "that is a test, not a hope")."""
+    coefficient is 1 on-policy (docs/reference.md: an on-policy identity is a test)."""
     name, preset, hp = variant
     old, _, mask, adv = make_inputs(seed=3)
     _, grad, metrics = torch_grad(name, old, old, mask, adv, preset=preset, **hp)

@@ -2,8 +2,8 @@
 
 Each property is checked for every name in ``available()`` (exceptions are listed by name with a
 reason). Exact properties use tolerances of 1e-12 relative; the reference coefficients come from
-an independent per-element Python implementation of each formula of
-``shared/reference/weight-mappings.md`` (sections A–C).
+an independent per-element Python implementation of each formula of the notation page
+``docs/reference.md`` (the weighted policy gradient and the Mappings tables).
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def test_every_preset_builds_and_overrides_apply(name):
 
 
 def test_required_presets_and_paper_defaults():
-    # values of the reference sheet (section B/C tables, "defaults" and "notes" columns)
+    # values of the catalogue (docs/reference.md, Mappings tables, "defaults" and "notes" columns)
     assert get("cispo", preset="trl").phi(np.array([10.0])) == pytest.approx(5.0)
     assert get("cispo", preset="paper").eps_low == math.inf
     assert get("cispo", preset="verl").eps_low == 10.0

@@ -361,8 +361,8 @@ def test_dial_pair_round_trip(kl_target, chi2_target):
 
 
 def test_dial_pair_same_kl_arbitrarily_large_chi2_with_a_rare_token():
-    """The reference sheet's point: a KL trust region does not bound χ². With a token of
-    probability 1e-4, KL = 0.05 comes with χ² = 0.12 or with χ² = 1000."""
+    """The notation page's point (docs/reference.md §F): a KL trust region does not bound χ².
+    With a token of probability 1e-4, KL = 0.05 comes with χ² = 0.12 or with χ² = 1000."""
     pi = np.array([0.5, 0.3, 0.1999, 1e-4])
     for c in (0.12, 1000.0):
         mu = shifts.dial_pair(pi, kl=0.05, chi2=c)

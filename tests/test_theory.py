@@ -1,5 +1,5 @@
-"""simkit.theory: the closed forms of the reference sheet, checked against numbers from the
-sources, exact enumeration and independent numerical paths."""
+"""simkit.theory: the closed forms of the notation page (docs/reference.md), checked against
+numbers from the sources, exact enumeration and independent numerical paths."""
 
 import itertools
 import math
@@ -14,7 +14,7 @@ from simkit import divergence, mappings, theory
 
 
 def test_seq_is_second_moment_reference_numbers():
-    # reference sheet F (rl-collapse): 1.01^200 ≈ 7.3 and 1.05^200 ≈ 17 293
+    # docs/reference.md §F (rl-collapse): 1.01^200 ≈ 7.3 and 1.05^200 ≈ 17 293
     m1 = theory.seq_is_second_moment(0.01, 200)
     m5 = theory.seq_is_second_moment(0.05, 200)
     assert math.isclose(m1, 1.01**200, rel_tol=1e-12)
@@ -171,7 +171,7 @@ def test_seq_tis_validation():
 
 
 def test_length_trap_reference_number():
-    # reference sheet C (rl-collapse): C = 5, ρ̄ = 1.001 ⇒ T* ≈ 1610
+    # docs/reference.md, Mappings (rl-collapse): C = 5, ρ̄ = 1.001 ⇒ T* ≈ 1610
     t_star = theory.length_trap_T(5, 1.001)
     assert abs(t_star - 1610) < 0.5
     assert theory.seq_ratio_growth(1.001, t_star) == pytest.approx(5.0, rel=1e-12)
@@ -209,7 +209,7 @@ def test_vespo_reference_numbers():
 @pytest.mark.parametrize("positive, c1, c2", [(True, 2.0, 3.0), (False, 3.0, 2.0)])
 def test_vespo_K_and_phi_max_against_the_mapping_on_a_grid(positive, c1, c2):
     # independent path: the registered mapping's φ (default (k, λ) = (2, 3) for A ≥ 0,
-    # (3, 2) for A < 0 — reference sheet C), maximised on a fine grid
+    # (3, 2) for A < 0 — docs/reference.md, Mappings), maximised on a fine grid
     vespo = mappings.get("vespo")
     h = 1e-5
     w = np.arange(h, 6.0, h)
