@@ -353,7 +353,7 @@ def test_served_policy_without_mismatch_is_pi_old():
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
 def test_kept_denominator_of_a_single_rejection_matches_the_torch_loss(agg):
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="needs torch (the lm extra)")
     from simkit.estimators import aggregation_weights
     from simkit.lm import losses
 

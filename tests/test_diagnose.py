@@ -8,7 +8,7 @@ import pytest
 
 from simkit import diagnose
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="needs torch (the lm extra)")
 
 
 @pytest.fixture(scope="module")

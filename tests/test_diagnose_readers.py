@@ -56,7 +56,7 @@ def test_verl_dataproto_tensordict_bytes_need_tensordict(monkeypatch):
 
 
 def test_verl_batch_saved_as_tensors():
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="needs torch (the lm extra)")
     ro = read_rollouts(DUMPS / "verl_batch_tensors.pt")
     _check(ro, "reward", groups=True)
 
@@ -68,7 +68,7 @@ def test_nemo_rl_train_data_jsonl_is_unwrapped_and_left_aligned():
 
 
 def test_slime_debug_rollout_data_has_one_leg_only():
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="needs torch (the lm extra)")
     with pytest.raises(
         RolloutError,
         match=r"slime_rollout_0.pt: one leg only: no log_pi column .*\(slime's "
@@ -169,7 +169,7 @@ def test_bad_pickles(tmp_path):
 
 
 def test_skyrl_bfloat16_tensors_stored_with_torch_save():
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="needs torch (the lm extra)")
     ro = read_rollouts(DUMPS / "skyrl_bf16_training_input.pkl")
     expected = torch.from_numpy(TRUTH["log_pi"]).to(torch.bfloat16).float().numpy()
     np.testing.assert_array_equal(ro.log_pi[MASK], expected[MASK])

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="needs torch (the lm extra)")
 pytest.importorskip("trl", reason="the trl extra is not installed (pip install 'simkit[trl]')")
 
 

@@ -9,7 +9,7 @@ import pytest
 from simkit.diagnose import diagnose, read_rollouts
 from simkit.diagnose.truncation import kept_mass
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="needs torch (the lm extra)")
 
 
 @pytest.fixture(scope="module")

@@ -536,7 +536,7 @@ def test_lm_figures_share_the_study_settings():
 
 
 def test_lm_staleness_passes_its_train_fields_by_name():
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="needs torch (the lm extra)")
     from simkit.figures import lm_staleness_curves as lsc
 
     cfg = lsc.config(small=True)

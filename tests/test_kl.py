@@ -119,7 +119,7 @@ def test_values_match_verl_1dda039_kl_penalty_forward():
 
 
 def test_slopes_match_torch_autograd_of_the_upstream_expressions():
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="needs torch (the lm extra)")
     rng = np.random.default_rng(1)
     x = np.concatenate([rng.normal(0, 1.5, 50), [-30.0, -3.0, 0.0, 3.0, 30.0]])
     lr = rng.normal(0, 0.3, x.size)

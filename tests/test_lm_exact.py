@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="needs torch (the lm extra)")
 
 from simkit import experiment as E  # noqa: E402
 from simkit.lm import exact, models, tasks, topk  # noqa: E402

@@ -6,7 +6,7 @@ import importlib.util
 import pandas as pd
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="needs torch (the lm extra)")
 
 from simkit.cli import CLIError  # noqa: E402
 from simkit.lm import cli as lm_cli  # noqa: E402

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="needs torch (the lm extra)")
 
 from simkit import mappings  # noqa: E402
 from simkit.estimators import AGGREGATIONS, aggregation_weights  # noqa: E402

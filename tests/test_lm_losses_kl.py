@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="needs torch (the lm extra)")
 
 from simkit.estimators import AGGREGATIONS, Estimator  # noqa: E402
 from simkit.kl import KL_ESTIMATORS, KLPenalty  # noqa: E402

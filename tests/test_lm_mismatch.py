@@ -6,7 +6,7 @@ import warnings
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="needs torch (the lm extra)")
 
 from simkit import divergence  # noqa: E402
 from simkit.lm import experiment as X  # noqa: E402

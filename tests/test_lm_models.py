@@ -13,7 +13,7 @@ import types
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="needs torch (the lm extra)")
 
 from simkit.lm import models  # noqa: E402
 

@@ -6,7 +6,7 @@ import importlib.util
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="needs torch (the lm extra)")
 
 from simkit.figures import _lm_vs_sim_mc as lm_vs_sim_mc  # noqa: E402
 from simkit.figures import lm_vs_sim, style  # noqa: E402

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="needs torch (the lm extra)")
 
 from simkit.figures import _lm_vs_sim_mc as lm_vs_sim  # noqa: E402
 from simkit.figures import style  # noqa: E402

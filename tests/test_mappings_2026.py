@@ -24,7 +24,7 @@ import math
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="needs torch (the lm extra)")
 
 from simkit import composition, experiment, mappings  # noqa: E402
 from simkit.envs import TokenMDP  # noqa: E402

@@ -485,7 +485,7 @@ def test_every_mapping_rejects_non_finite_values_on_valid_tokens_only(name, batc
 
 
 def test_torch_policy_loss_agrees_on_nan():
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="needs torch (the lm extra)")
     from simkit.lm.losses import policy_loss
 
     lp, old = torch.zeros(2, 3), torch.zeros(2, 3)
@@ -502,7 +502,7 @@ def test_torch_policy_loss_agrees_on_nan():
 
 @pytest.mark.parametrize("bad", [math.inf, -math.inf])
 def test_torch_policy_loss_rejects_inf_on_valid_tokens(bad):
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="needs torch (the lm extra)")
     from simkit.lm.losses import policy_loss
 
     lp = torch.zeros(2, 3)
