@@ -161,6 +161,18 @@ def as_prob(p, name: str) -> np.ndarray:
     return arr
 
 
+def like_log_ratio(x, log_ratio: np.ndarray, name: str) -> np.ndarray:
+    """``x`` as a float64 array of the shape of ``log_ratio`` (a per-token companion of the
+    log-ratio: ``log_prob``, ``old_log_ratio``, ``ref_log_ratio``); a clear error naming
+    ``name`` otherwise."""
+    arr = np.asarray(x, dtype=np.float64)
+    if arr.shape != log_ratio.shape:
+        raise ValueError(
+            f"{name} must have the shape of log_ratio {log_ratio.shape}, got {arr.shape}"
+        )
+    return arr
+
+
 def same_shape(a: np.ndarray, b: np.ndarray, name_a: str, name_b: str) -> None:
     if a.shape != b.shape:
         raise ValueError(f"shape mismatch: {name_a} has shape {a.shape}, {name_b} has {b.shape}")

@@ -39,6 +39,7 @@ import math
 
 import numpy as np
 
+from simkit._validation import like_log_ratio
 from simkit.mappings import Mapping, as_mapping
 
 MODES = ("decoupled", "bypass", "trl_vespo")
@@ -174,11 +175,7 @@ def legs(log_ratio, old_log_ratio) -> tuple[np.ndarray, np.ndarray]:
     lr = np.asarray(log_ratio, dtype=np.float64)
     if old_log_ratio is None:
         return np.zeros_like(lr), lr
-    old = np.asarray(old_log_ratio, dtype=np.float64)
-    if old.shape != lr.shape:
-        raise ValueError(
-            f"old_log_ratio must have the shape of log_ratio {lr.shape}, got {old.shape}"
-        )
+    old = like_log_ratio(old_log_ratio, lr, "old_log_ratio")
     with np.errstate(invalid="ignore"):
         return lr - old, old
 

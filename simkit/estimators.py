@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simkit import composition
-from simkit._validation import int_at_least, positive_int
+from simkit._validation import int_at_least, like_log_ratio, positive_int
 from simkit.kl import KLPenalty
 from simkit.mappings import Mapping, as_mapping
 from simkit.score_baselines import opob_advantages, otb_advantages  # the score-norm baselines
@@ -533,18 +533,10 @@ class Estimator:
             )
         N, T = lr.shape[-2:]
         lead = lr.shape[:-2]
-        lp = None if log_prob is None else np.asarray(log_prob, dtype=np.float64)
-        if lp is not None and lp.shape != lr.shape:
-            raise ValueError(
-                f"log_prob must have the shape of log_ratio {lr.shape}, got {lp.shape}"
-            )
+        lp = None if log_prob is None else like_log_ratio(log_prob, lr, "log_prob")
         old = None
         if old_log_ratio is not None:
-            old = np.asarray(old_log_ratio, dtype=np.float64)
-            if old.shape != lr.shape:
-                raise ValueError(
-                    f"old_log_ratio must have the shape of log_ratio {lr.shape}, got {old.shape}"
-                )
+            old = like_log_ratio(old_log_ratio, lr, "old_log_ratio")
         if not lead:
             return self._coefficients_2d(lr, m, adv, old, rng, lp)
         if not self.batch_dependent:
@@ -630,11 +622,7 @@ class Estimator:
                     f"estimator {self.name!r} has a KL penalty: pass ref_log_ratio = "
                     "log pi - log pi_ref of the tokens (run(..., ref=pi_ref))"
                 )
-            x = np.asarray(ref_log_ratio, dtype=np.float64)
-            if x.shape != lr.shape:
-                raise ValueError(
-                    f"ref_log_ratio must have the shape of log_ratio {lr.shape}, got {x.shape}"
-                )
+            x = like_log_ratio(ref_log_ratio, lr, "ref_log_ratio")
             if self.kl.where == "reward":
                 if self.advantage == "otb":  # reward-to-go of the token-level rewards
                     penalty = self.kl.beta * self.kl.values(x, lr, mask)

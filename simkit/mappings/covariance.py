@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simkit._validation import check_batch
+from simkit._validation import check_batch, like_log_ratio
 from simkit.mappings.base import (
     BLOCK_ELEMENTS,
     DEFAULT_MAX_LOG_RATIO,
@@ -63,9 +63,7 @@ def _inputs(log_ratio, mask, advantages, log_prob):
     lr, m, adv = check_batch(log_ratio, mask, advantages)
     if log_prob is None:
         return lr, m, adv, lr
-    lp = np.asarray(log_prob, dtype=np.float64)
-    if lp.shape != lr.shape:
-        raise ValueError(f"log_prob must have the shape of log_ratio {lr.shape}, got {lp.shape}")
+    lp = like_log_ratio(log_prob, lr, "log_prob")
     return lr, m, adv, np.where(m, lp, 0.0)
 
 

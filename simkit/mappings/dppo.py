@@ -42,7 +42,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from simkit._validation import check_batch
+from simkit._validation import check_batch, like_log_ratio
 from simkit.mappings.base import (
     Mapping,
     check_max_log_ratio,
@@ -117,11 +117,7 @@ class DPPO(Mapping):
                 f"mapping {self.name!r} needs log_prob (log π of each token, shape (N, T)): "
                 "its trust region acts on the probabilities π and μ, not only on their ratio"
             )
-        lp = np.asarray(log_prob, dtype=np.float64)
-        if lp.shape != lr.shape:
-            raise ValueError(
-                f"log_prob must have the shape of log_ratio {lr.shape}, got {lp.shape}"
-            )
+        lp = like_log_ratio(log_prob, lr, "log_prob")
         with np.errstate(invalid="ignore"):
             lp = np.where(m, lp, 0.0)
         if np.isnan(lp).any():

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simkit._validation import check_batch
+from simkit._validation import check_batch, like_log_ratio
 from simkit.mappings.base import (
     DEFAULT_MAX_LOG_RATIO,
     Mapping,
@@ -85,11 +85,7 @@ class GEPO(Mapping):
                 "mapping 'gepo' needs log_prob (log π of each token, shape (N, T)): its weight "
                 "is π(y) over the group mean of μ(y), not a ratio"
             )
-        lp = np.asarray(log_prob, dtype=np.float64)
-        if lp.shape != lr.shape:
-            raise ValueError(
-                f"log_prob must have the shape of log_ratio {lr.shape}, got {lp.shape}"
-            )
+        lp = like_log_ratio(log_prob, lr, "log_prob")
         log_pi = np.add.reduce(np.where(m, lp, 0.0), axis=1)
         if not np.all(np.isfinite(log_pi)):
             raise ValueError("log_prob must be finite on valid tokens")
