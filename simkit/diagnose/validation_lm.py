@@ -161,7 +161,7 @@ def code_hash() -> str:
     stored numbers cannot go stale silently (recompute them with ``write``)."""
     from simkit.figures.cache import code_hash as _code_hash
 
-    return _code_hash(__name__)
+    return _code_hash("simkit.diagnose.validation_lm")  # not __name__: "__main__" under -m
 
 
 def write(cfg: Config = Config(), path: Path = STORED) -> pd.DataFrame:
