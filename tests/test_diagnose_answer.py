@@ -107,13 +107,12 @@ def test_validation_meets_the_threshold_target_and_the_docs_print_its_numbers():
             assert phrase in text, f"{page.name} does not state {phrase!r}"
 
 
-def test_more_logged_responses_do_not_lift_rho_and_the_docs_say_so():
-    """4× more logged responses leave ρ where it is: the misses are the twin's systematic
-    error, not its sampling noise (README and docs print the N = 8000 numbers)."""
+def test_more_logged_responses_leave_the_worst_case_and_the_docs_say_so():
+    """4× more logged responses leave the worst case where it is: its miss is the twin's
+    systematic error, not sampling noise (README and docs print the N = 8000 numbers)."""
     base = validation.summary(validation.run())
     more = validation.summary(validation.run(N=8000))
-    assert more["rho_at_least_0.8"] == base["rho_at_least_0.8"] < more["cases"]
-    assert abs(more["rho_median"] - base["rho_median"]) < 0.05
+    assert base["rho_at_least_0.8"] <= more["rho_at_least_0.8"] < more["cases"]
     assert abs(more["rho_min"] - base["rho_min"]) < 0.1 and more["rho_min"] < 0.8
     phrase = (
         "N = 8000",
@@ -126,11 +125,43 @@ def test_more_logged_responses_do_not_lift_rho_and_the_docs_say_so():
             assert p in text, f"{page.name} does not state {p!r}"
 
 
+def test_fresh_instances_and_the_docs_say_what_they_give():
+    """16 fresh instances of the eight designs (seeds + 100, + 200): the docs print their
+    numbers, including the threshold target's miss; an instance whose 2000 logged rewards are
+    all 0 has no signal and is refused, not scored."""
+    table = validation.run(validation.HELD_OUT)
+    s = validation.summary(table)
+    no_signal = table[~np.isfinite(table["rho"].to_numpy(dtype=float))]
+    assert s["no_signal"] == len(no_signal) and no_signal["refused"].all()
+    phrase = (
+        f"{s['cases'] + s['no_signal']} fresh instances",
+        f"min {s['rho_min']:.2f}, median {s['rho_median']:.2f} "
+        f"(≥ 0.8 in {s['rho_at_least_0.8']} of {s['cases']} cases)",
+        f"excess max {s['excess_max']:.1%} (above 10% in {s['excess_above_10%']} of "
+        f"{s['cases']} cases)",
+        f"{s['no_signal']} instance",
+    )
+    for page in (ROOT / "README.md", ROOT / "docs" / "diagnose.md"):
+        text = re.sub(r"\s+", " ", page.read_text())
+        for p in phrase:
+            assert p in text, f"{page.name} does not state {p!r}"
+
+
+def test_a_dump_whose_rewards_are_all_equal_is_not_ranked():
+    from simkit.diagnose.legs import leg_metrics
+
+    lpi, lmu, mask, rewards = _logged(case=2)
+    assert leg_metrics(lpi, lmu, mask, rewards=rewards)["rankable"]
+    lm = leg_metrics(lpi, lmu, mask, rewards=np.zeros_like(rewards))
+    assert not lm["rankable"] and "every logged reward is 0" in lm["refusal"]
+
+
 @pytest.mark.xfail(
     strict=True,
-    reason="ρ ≥ 0.8 on every case is not met: at small mismatch the corrections' exact errors "
-    "differ by < 0.005 (near-ties) and the twin orders these ties wrongly (min ρ 0.42); "
-    "resolved pairs are ordered correctly in ≥ 78% of pairs",
+    reason="ρ ≥ 0.8 on every case is not met: on the temperature χ² 0.2 and the concentrated "
+    "χ² 0.5 twins the twin's score model (a softmax over mismatch atoms) misorders corrections "
+    "whose exact errors are < 0.03 apart (min ρ 0.69, 78% of resolved pairs ordered); more "
+    "logged responses do not lift the worst case",
 )
 def test_rho_at_least_0_8_on_every_case():
     assert validation.summary(validation.run())["rho_min"] >= 0.8

@@ -76,7 +76,7 @@ def _boot_ratio(num, den, rng, n_boot=500, level=0.95):
     return float(num.sum() / den.sum()), float(lo), float(hi)
 
 
-def leg_metrics(log_num, log_den, mask, seed: int = 0) -> dict:
+def leg_metrics(log_num, log_den, mask, seed: int = 0, rewards=None) -> dict:
     """The divergence numbers of one leg, w = exp(log_num − log_den) per valid token.
 
     ``chi2_tok``: the mean of (w − 1)², non-negative and unbiased for the per-token χ² when
@@ -86,7 +86,9 @@ def leg_metrics(log_num, log_den, mask, seed: int = 0) -> dict:
     policy, Schulman 2020), ``kl_pi_mu`` (w log w); ``chi2_seq`` = mean of (W − 1)², W = Π_t w_t
     (non-negative), ESS (Kong 1992) and N/(1 + χ²), PSIS k̂ of W (Vehtari et al. 2024), the
     length profile, per-position χ², heavy-tail shares and quantiles of log w. Intervals: 95%
-    percentile bootstrap over responses. ``rankable`` / ``refusal``: ESS ≥ 30 and k̂ ≤ 0.7."""
+    percentile bootstrap over responses. ``rankable`` / ``refusal``: ESS ≥ 30 and k̂ ≤ 0.7, and
+    (when ``rewards`` (N,) are given) not every logged reward equal: then the twin's ∇J is 0
+    and no estimator has a scale-free error to rank."""
     from simkit.experiment import khat_of_weights
 
     rng = np.random.default_rng(seed)
@@ -143,6 +145,11 @@ def leg_metrics(log_num, log_den, mask, seed: int = 0) -> dict:
         reasons.append(
             "the two log-prob columns are identical on every token (verl's bypass mode "
             "copies rollout_log_probs into old_log_probs): there is no second policy to compare"
+        )
+    if rewards is not None and np.ptp(np.asarray(rewards, dtype=float)) == 0:
+        reasons.append(
+            f"every logged reward is {float(np.asarray(rewards)[0]):g}: the twin's ∇J is 0, so "
+            "no correction has an error relative to it (log a batch with some reward variance)"
         )
     if out["ess_kong"] < MIN_ESS:
         reasons.append(f"ESS of the sequence weights {out['ess_kong']:.1f} < {MIN_ESS:g}")

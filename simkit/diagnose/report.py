@@ -74,7 +74,9 @@ def metrics(ro: LoadedRollouts, seed: int = 0) -> dict:
     from simkit.diagnose.truncation import kept_mass
 
     arrays = leg_arrays(ro)
-    legs = {k: leg_metrics(a, b, ro.mask, seed=seed) for k, (a, b) in arrays.items()}
+    legs = {
+        k: leg_metrics(a, b, ro.mask, seed=seed, rewards=ro.rewards) for k, (a, b) in arrays.items()
+    }
     legs["mismatch"]["dashboards"] = dashboards(*arrays["mismatch"], ro.mask)
     legs["mismatch"]["truncation"] = kept_mass(*arrays["mismatch"], ro.mask, ro.groups, seed=seed)
     first = legs["mismatch"]

@@ -108,7 +108,7 @@ def compute(cfg: Config = Config()) -> pd.DataFrame:
         rng = np.random.default_rng([cfg.seed, i])
         with tempfile.TemporaryDirectory() as tmp:
             ro = _dump(ex.env, cfg.N, rng, Path(tmp))
-        lm = leg_metrics(ro.log_pi, ro.log_mu, ro.mask, seed=cfg.seed)
+        lm = leg_metrics(ro.log_pi, ro.log_mu, ro.mask, seed=cfg.seed, rewards=ro.rewards)
         logs = twin_dist.Rollouts(ro.log_pi, ro.log_mu, ro.mask, ro.rewards)
         pred = twin_dist.predict(logs, ests, cfg.n, reps=100, seed=cfg.seed)
         res = _validation.score(pred.set_index("estimator"), ex.table.set_index("estimator"))
