@@ -24,6 +24,14 @@ def _logged(seed=1, case=1):
     return validation.logged(env, mu, 2000, seed)
 
 
+def assert_pages_state(phrases, pages=("README.md", "docs/diagnose.md")):
+    """Every phrase appears in every page (whitespace runs read as one space)."""
+    for page in pages:
+        text = re.sub(r"\s+", " ", (ROOT / page).read_text())
+        for phrase in phrases:
+            assert phrase in text, f"{page} does not state {phrase!r}"
+
+
 def test_recommendation_per_family_and_the_current_setting():
     lpi, lmu, mask, rewards = _logged()
     answer, curves, cur = recommend(
@@ -101,10 +109,7 @@ def test_validation_meets_the_threshold_target_and_the_docs_print_its_numbers():
         f"max {s['excess_max']:.1%} (median {s['excess_median']:.1%})",
         f"min {s['pair_agreement_min']:.0%}, median {s['pair_agreement_median']:.0%}",
     )
-    for page in (ROOT / "README.md", ROOT / "docs" / "diagnose.md"):
-        text = re.sub(r"\s+", " ", page.read_text())
-        for phrase in stated:
-            assert phrase in text, f"{page.name} does not state {phrase!r}"
+    assert_pages_state(stated)
 
 
 def test_more_logged_responses_leave_the_worst_case_and_the_docs_say_so():
@@ -119,10 +124,7 @@ def test_more_logged_responses_leave_the_worst_case_and_the_docs_say_so():
         f"min {more['rho_min']:.2f}, median {more['rho_median']:.2f} "
         f"(≥ 0.8 in {more['rho_at_least_0.8']} of {more['cases']} cases)",
     )
-    for page in (ROOT / "README.md", ROOT / "docs" / "diagnose.md"):
-        text = re.sub(r"\s+", " ", page.read_text())
-        for p in phrase:
-            assert p in text, f"{page.name} does not state {p!r}"
+    assert_pages_state(phrase)
 
 
 def test_fresh_instances_and_the_docs_say_what_they_give():
@@ -141,10 +143,7 @@ def test_fresh_instances_and_the_docs_say_what_they_give():
         f"{s['cases']} cases)",
         f"{s['no_signal']} instance",
     )
-    for page in (ROOT / "README.md", ROOT / "docs" / "diagnose.md"):
-        text = re.sub(r"\s+", " ", page.read_text())
-        for p in phrase:
-            assert p in text, f"{page.name} does not state {p!r}"
+    assert_pages_state(phrase)
 
 
 def test_a_dump_whose_rewards_are_all_equal_is_not_ranked():
