@@ -11,6 +11,10 @@ import pytest
 from simkit.figures import FIGURES
 from simkit.figures import lm_staleness_curves as fig
 
+# one xdist worker runs this module: its `data` (≈ 15 s of training) is then computed once, not
+# once on each worker that gets some of these tests (`make test` uses --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("lm_staleness_curves")
+
 
 @pytest.fixture(scope="module")
 def data():
