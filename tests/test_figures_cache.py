@@ -30,6 +30,22 @@ from simkit.figures import cache, runner
 
 ROOT = Path(__file__).resolve().parents[1]
 CHEAP = ["kernel_shapes", "vespo_bound"]
+# one xdist worker runs this module, so the serial build below is made once (`make test` uses
+# --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("figures_cache")
+
+
+@pytest.fixture(scope="module")
+def serial_build(tmp_path_factory):
+    """``CHEAP`` built at small size, serially (jobs=1), into a fresh cache: (results, out
+    directory, cache directory), made once for the tests that need such a build but not their
+    own compute (drawing the two figures is ≈ 5 s). Tests copy the directories; never write
+    into them."""
+    root = tmp_path_factory.mktemp("serial-build")
+    out, store = root / "out", root / "cache"
+    results = figures.build(CHEAP, out, small=True, jobs=1, cache_dir=store, progress=False)
+    assert [r.status for r in results] == ["computed", "computed"]
+    return results, out, store
 
 
 # --- content hash ------------------------------------------------------------------------------
@@ -158,10 +174,8 @@ def test_build_computes_once_then_uses_the_cache(tmp_path, monkeypatch):
     assert len(list((store / "figures" / "kernel_shapes").glob("*.pkl"))) == 1
 
 
-def test_parallel_build_matches_serial(tmp_path):
-    serial = figures.build(
-        CHEAP, tmp_path / "a", small=True, jobs=1, cache_dir=tmp_path / "c1", progress=False
-    )
+def test_parallel_build_matches_serial(tmp_path, serial_build):
+    serial, _, _ = serial_build  # computed serially into a fresh cache
     parallel = figures.build(
         CHEAP, tmp_path / "b", small=True, jobs=2, cache_dir=tmp_path / "c2", progress=False
     )
@@ -260,9 +274,9 @@ def test_warm_figure_is_copied_from_the_cache(tmp_path):
 # --- the manifest ------------------------------------------------------------------------------
 
 
-def test_manifest_flags_stale_figures(tmp_path, monkeypatch):
+def test_manifest_flags_stale_figures(tmp_path, monkeypatch, serial_build):
     out = tmp_path / "out"
-    figures.build(CHEAP, out, small=True, jobs=1, cache_dir=tmp_path / "c", progress=False)
+    shutil.copytree(serial_build[1], out)  # what figures.build(CHEAP, out, small=True) wrote
     assert set(runner.stale(out, CHEAP).values()) == {"made with --small"}
     assert "not in MANIFEST.json" in runner.stale(out, ["mse_vs_T"])["mse_vs_T"]
 
@@ -290,9 +304,12 @@ def test_manifest_flags_stale_figures(tmp_path, monkeypatch):
     assert "vespo_bound.png is not the file" in runner.stale(out, CHEAP)["vespo_bound"]
 
 
-def test_manifest_is_deterministic(tmp_path):
+def test_manifest_is_deterministic(tmp_path, serial_build):
     kw = {"small": True, "jobs": 1, "progress": False}
-    figures.build(CHEAP, tmp_path / "a", cache_dir=tmp_path / "c", **kw)
+    # a: CHEAP computed serially into a fresh cache (the shared build); b: the same cache,
+    # computed again in the other order
+    shutil.copytree(serial_build[1], tmp_path / "a")
+    shutil.copytree(serial_build[2], tmp_path / "c")
     figures.build(CHEAP[::-1], tmp_path / "b", cache_dir=tmp_path / "c", force=True, **kw)
     a, b = (json.loads((tmp_path / d / "MANIFEST.json").read_text()) for d in ("a", "b"))
     for manifest in (a, b):  # compute times (whole seconds) may differ between the two runs
