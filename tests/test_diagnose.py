@@ -8,6 +8,10 @@ import pytest
 
 from simkit import diagnose
 
+# one xdist worker runs this module, so that
+# its module fixture (the dump and its report) is computed once
+pytestmark = pytest.mark.xdist_group("diagnose")
+
 torch = pytest.importorskip("torch", reason="needs torch (the lm extra)")
 
 

@@ -26,6 +26,10 @@ from simkit.figures import (
     vespo_bound,
 )
 
+# one xdist worker runs this module, so that
+# bandit_small_data (session fixture, shared with tests/test_figures.py) is computed once
+pytestmark = pytest.mark.xdist_group("bandit_small_data")
+
 # --- shared helpers -----------------------------------------------------------------------------
 
 

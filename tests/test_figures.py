@@ -16,6 +16,10 @@ from simkit.figures import (
     style,
 )
 
+# one xdist worker runs this module, so that
+# bandit_small_data (session fixture, shared with tests/test_figure_claims.py) is computed once
+pytestmark = pytest.mark.xdist_group("bandit_small_data")
+
 EXPECTED = [
     "kernel_shapes",
     "kernel_shapes_catalogue",

@@ -6,6 +6,10 @@ import importlib.util
 import numpy as np
 import pytest
 
+# one xdist worker runs this module, so that
+# its module fixture (the tiny-Llama comparison) is computed once
+pytestmark = pytest.mark.xdist_group("lm_vs_sim")
+
 torch = pytest.importorskip("torch", reason="needs torch (the lm extra)")
 
 from simkit.figures import _lm_vs_sim_mc as lm_vs_sim_mc  # noqa: E402

@@ -21,6 +21,10 @@ from simkit.envs import Bandit, TokenMDP
 from simkit.envs.behaviour import behaviour
 from simkit.estimators import Estimator
 
+# one xdist worker runs this module, so that
+# its module fixtures (one Monte Carlo study per setting) are computed once
+pytestmark = pytest.mark.xdist_group("mc_coverage")
+
 SEEDS = range(60)
 REPS, N, N_BOOT, LEVEL = 200, 4, 200, 0.95
 METRICS = ("variance", "mse", "bias")
