@@ -262,11 +262,17 @@ def curves_of(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _means(per_seed: pd.DataFrame, N: int, recipes, rng=None) -> np.ndarray:
-    """Mean J_final per recipe at N (seeds resampled with replacement when ``rng``)."""
+def _finals(per_seed: pd.DataFrame, N: int, recipes) -> list[np.ndarray]:
+    """The per-seed J_final of each recipe at N (one array per recipe, in ``recipes`` order)."""
+    at_n = per_seed[per_seed["N"] == N]
+    return [at_n[at_n["recipe"] == r]["J_final"].to_numpy() for r in recipes]
+
+
+def _means(finals: list[np.ndarray], rng=None) -> np.ndarray:
+    """Mean J_final per recipe from :func:`_finals` (seeds resampled with replacement when
+    ``rng``: one ``rng.integers`` draw per recipe, in order)."""
     out = []
-    for r in recipes:
-        v = per_seed[(per_seed["recipe"] == r) & (per_seed["N"] == N)]["J_final"].to_numpy()
+    for v in finals:
         if rng is not None:
             v = v[rng.integers(0, len(v), len(v))]
         out.append(v.mean())
@@ -286,12 +292,10 @@ def compare(lm, other, recipes, N_lm: int, N_other: int, seed: int = 0) -> dict:
     (per-seed tables), its 95 % percentile interval over :data:`BOOTSTRAP` resamples of the
     seeds of both sides, and the pairs resolved on both sides (difference > 2 combined SE)
     with how many of them agree in sign."""
-    a, b = _means(lm, N_lm, recipes), _means(other, N_other, recipes)
+    fa, fb = _finals(lm, N_lm, recipes), _finals(other, N_other, recipes)  # filtered once
+    a, b = _means(fa), _means(fb)
     rng = np.random.default_rng(seed)
-    taus = [
-        kendall_tau(_means(lm, N_lm, recipes, rng), _means(other, N_other, recipes, rng))
-        for _ in range(BOOTSTRAP)
-    ]
+    taus = [kendall_tau(_means(fa, rng=rng), _means(fb, rng=rng)) for _ in range(BOOTSTRAP)]
     taus = np.asarray(taus)
     taus = taus[np.isfinite(taus)]
     lo, hi = np.quantile(taus, [0.025, 0.975]) if len(taus) else (math.nan, math.nan)
