@@ -22,7 +22,8 @@ def register(subparsers) -> None:
             "Writes report.md, diagnose.png, metrics.json: per leg (pi_old||mu mismatch,\n"
             "pi||pi_old staleness) chi2, KL, ESS, k-hat, length profile, heavy tails, and\n"
             "the distribution-matched twin's ranking of the mappings that act on that leg\n"
-            "by the scale-free error (refused when ESS < 30 or k-hat > 0.7), top-p/top-k\n"
+            "by the scale-free error (refused when ESS < 30, k-hat > 0.7 or all rewards\n"
+            "are equal), top-p/top-k\n"
             "detection, the threshold per correction family (vs --current), dashboard\n"
             "definitions of verl / TRL / ms-swift, and the validation on exact twins."
         ),
