@@ -188,8 +188,8 @@ def lines(table: pd.DataFrame) -> list[str]:
         f"{s['pair_agreement_min']:.0%}, median {s['pair_agreement_median']:.0%}; the "
         f"recommended thresholds' excess `rel_mse_scaled` over the exact optimum max "
         f"{s['excess_max']:.1%} (median {s['excess_median']:.1%}). The report's refusal rule "
-        f"(ESS < 30 or k̂ > 0.7) would have refused {s['refused']} of these cases (all cases "
-        "are scored here).",
+        f"(ESS < 30, k̂ > 0.7 or all rewards equal) would have refused {s['refused']} of these "
+        f"cases (all cases with a reward signal are scored here).",
         "",
         "| case | exact χ²_tok | k̂ | ρ | resolved pairs ordered | max excess |",
         "|---|---|---|---|---|---|",
