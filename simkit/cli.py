@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from simkit.cli_common import (
+    LAZY_HELP,
     Formatter,
     add_backend_options,
     add_command,
@@ -468,8 +469,10 @@ SUBCOMMANDS: dict[str, Callable] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with every subcommand of ``SUBCOMMANDS``."""
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The top-level parser with every subcommand of ``SUBCOMMANDS``. With ``argv``, the
+    subcommand it selects (its first word) is known, and the slow-to-import ones
+    (``cli_common.LAZY_HELP``) are registered in full only when selected."""
     parser = argparse.ArgumentParser(
         prog=PROG,
         formatter_class=Formatter,
@@ -489,14 +492,30 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add in SUBCOMMANDS.values():
-        add(subparsers)
+    command = _command_of(argv)
+    for name, add in SUBCOMMANDS.items():
+        if name in LAZY_HELP and command not in (None, name):
+            # another command runs: a placeholder with the same one-line help for --help,
+            # without importing the command's slow modules (cli_common.LAZY_HELP)
+            subparsers.add_parser(name, help=LAZY_HELP[name], add_help=False)
+        else:
+            add(subparsers)
     return parser
+
+
+def _command_of(argv: list[str] | None) -> str | None:
+    """The subcommand ``argv`` runs (its first word not starting with '-'), or None (unknown:
+    every subcommand is registered in full)."""
+    if argv is None:
+        return None
+    words = [a for a in argv if not a.startswith("-")]
+    return words[0] if words else None
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; return the exit status (0 ok, 2 usage error)."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits on --help (0) and on usage errors (2)

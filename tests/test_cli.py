@@ -94,3 +94,28 @@ def test_python_dash_m_entry_point():
     )
     assert proc.returncode == 0, proc.stderr
     assert "kernel_shapes" in proc.stdout
+
+
+@pytest.mark.parametrize("argv", [["list", "mappings"], ["sweep", "--help"], ["--help"]])
+def test_slow_commands_are_imported_only_when_they_run(argv):
+    """``simkit train`` and ``simkit diagnose`` import ≈ 1 s of modules: another command's
+    parser gets placeholders with the same one-line help (``cli_common.LAZY_HELP``), and the
+    full parser is built when the command runs or its --help is asked for."""
+    code = (
+        "import sys\nfrom simkit import cli\n"
+        f"try:\n    cli.main({argv!r})\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('simkit.train', 'simkit.diagnose') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    imported = out.strip().splitlines()[-1]
+    if argv == ["--help"]:  # no command: every subcommand in full
+        assert imported == "['simkit.diagnose', 'simkit.train']"
+        assert "train     training dynamics" in out and "diagnose  how off-policy" in out
+    else:
+        assert imported == "[]"
+    for name in ("train", "diagnose"):
+        parser = cli.build_parser([name])
+        sub = next(a for a in parser._actions if a.dest == "command").choices[name]
+        assert sub.add_help and len(sub._actions) > 3  # the full parser, with its options

@@ -8,12 +8,12 @@ from simkit.diagnose.report import diagnose
 
 def register(subparsers) -> None:
     """Add ``simkit diagnose``."""
-    from simkit.cli_common import add_command
+    from simkit.cli_common import LAZY_HELP, add_command
 
     p = add_command(
         subparsers,
         "diagnose",
-        help="how off-policy is a trainer's dump, and which correction and threshold to use",
+        help=LAZY_HELP["diagnose"],
         description=(
             "Read a trainer's dump with per-token log-probs of the trainer at rollout time\n"
             "(pi_old), the rollout engine (mu) and, when present, the trainer at update time\n"

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from simkit.cli_common import (
+    LAZY_HELP,
     add_backend_options,
     add_command,
     check_output_directory,
@@ -119,7 +120,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p = add_command(
         subparsers,
         "train",
-        help="training dynamics: learning curves under staleness and inference mismatch",
+        help=LAZY_HELP["train"],
         description=DESCRIPTION,
         epilog=EPILOG,
     )
