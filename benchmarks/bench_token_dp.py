@@ -17,6 +17,17 @@ forward message of partial score sums, one (S × S)·(S × m·P·V) BLAS matmul 
 message for sequence IS, 2 for PPO clip whose coefficient depends on the sign of A), target
 < 5 s on one core, reported as a ratio to the untied DP of the same mapping in the same run
 (wall clock and the calling thread's CPU time, which other load on the machine disturbs less).
+Issue 28 (the exact paths of issues 24 and 26), each reported as a CPU-time ratio to the plain
+DP of the same mapping in the same run:
+
+- a KL penalty in the loss (k3, β = 0.1, π_ref a perturbed π) on PPO clip and DRO's additive
+  term (:func:`simkit.envs.token_moments.additive_moments`): target ≤ 3× the DP of PPO clip
+  without the penalty;
+- a behaviour of three policy versions (a lag mixture 0.5 / 0.3 / 0.2,
+  :func:`simkit.experiment.versions.versioned_moments` with ``method="dp"``, oracle baseline
+  J(μ) of the mixture): one moment DP per version plus the baseline, target ≤ 1.5 × 3 DPs of
+  the same mapping (is_seq and ppo_clip).
+
 Every cell runs with one BLAS thread (``threadpoolctl``). Results (best of ``--repeats``,
 seconds and ratios to the floor and to J + ∇J) are printed and written as JSON to
 ``benchmarks/results/bench_token_dp.json`` (git-ignored).
@@ -90,6 +101,10 @@ def main(argv=None) -> int:
     report_target(
         "J + grad_J + chi2_seq (wall, one core)", results["J + grad_J + chi2_seq"], 1.0, "s"
     )
+    for key, (plain, target) in NEW_PATHS.items():
+        ratios[key] = {"cpu": cpu[key] / cpu[plain]}
+        print(f"  {key}: {cpu[key]:.3f} s CPU = {ratios[key]['cpu']:.2f} x {plain}")
+        report_target(f"{key} / {plain} (CPU, one core)", ratios[key]["cpu"], target)
     for name in tied:
         key = f"moments {name} (mean + var)"
         report_target(f"{key} (CPU, one core)", cpu[key], 2.0, "s")
@@ -137,11 +152,51 @@ def _measure(env, mu, logits, repeats: int):
             env, mu, m, 0.5
         )
     results = {name: best_time(fn, repeats) for name, fn in cells.items()}
+    moment_cells.update(_new_path_cells(env, mu, logits))
     cpu = {}
     for name, fn in moment_cells.items():
         results[name] = best_time(fn, repeats)
-        cpu[name] = best_time(fn, 1, clock=time.thread_time)
+        cpu[name] = best_time(fn, repeats, clock=time.thread_time)
     return results, cpu, tied
+
+
+#: issue 28's cells of the issue 24 / 26 exact paths: key -> (the plain cell it is divided
+#: by, target ratio); the version mixtures are divided by one plain DP, so 3 × 1.5 = 4.5
+NEW_PATHS = {
+    "additive_moments ppo_clip + KL k3 in the loss (mean + var)": (
+        "moments ppo_clip (mean + var)",
+        3.0,
+    ),
+    "additive_moments dro (mean + var)": ("moments ppo_clip (mean + var)", 3.0),
+    "versioned_moments is_seq, 3 versions (mean + var)": ("moments is_seq (mean + var)", 4.5),
+    "versioned_moments ppo_clip, 3 versions (mean + var)": ("moments ppo_clip (mean + var)", 4.5),
+}
+
+
+def _new_path_cells(env, mu, logits) -> dict:
+    """The cells of :data:`NEW_PATHS` (a KL penalty / an additive term; three versions)."""
+    from simkit.envs import versions
+    from simkit.envs.token_moments import additive_moments
+    from simkit.estimators import Estimator
+    from simkit.experiment.versions import versioned_moments
+    from simkit.kl import KLPenalty
+
+    rng = np.random.default_rng(1)
+    ref = softmax(logits + 0.2 * rng.standard_normal(logits.shape), axis=-1)
+    older = softmax(logits + 0.2 * rng.standard_normal(logits.shape), axis=-1)
+    mixture = versions.mixture(env, [env.pi, mu, older], [0.5, 0.3, 0.2])
+    kl = KLPenalty(0.1, "k3", "loss")
+    keys = list(NEW_PATHS)
+    return {
+        keys[0]: lambda: additive_moments(env, mu, mappings.get("ppo_clip"), 0.5, kl=kl, ref=ref),
+        keys[1]: lambda: additive_moments(env, mu, mappings.get("dro"), 0.5),
+        keys[2]: lambda: versioned_moments(
+            env, mixture, Estimator("is_seq", "seq-mean-token-sum", "oracle"), 8, method="dp"
+        ),
+        keys[3]: lambda: versioned_moments(
+            env, mixture, Estimator("ppo_clip", "seq-mean-token-sum", "oracle"), 8, method="dp"
+        ),
+    }
 
 
 if __name__ == "__main__":

@@ -116,10 +116,16 @@ class VersionedBehaviour:
         """q_c: the position-dependent policy table of ``component`` (the versions' rows
         q[t] = π_{v(t)}[t]), the shape of a version."""
         sched = self.components[component].schedule
-        stack = np.stack(self.versions)  # (K, T, P, V) or (K, K_arms)
-        if stack.ndim == 2:  # bandit: one position
-            return stack[sched[0]].copy()
-        return stack[sched, np.arange(sched.size)]
+        first = np.asarray(self.versions[sched[0]])
+        if first.ndim == 1:  # bandit: one position
+            return first.copy()
+        # row by row from each version (no (K, T, P, V) stack: at T = 4096, P = V = 64 and
+        # three versions that copy was 400 MB per call and most of a versioned moment DP)
+        out = first.copy()
+        for k in np.unique(sched[sched != sched[0]]):
+            rows = sched == k
+            out[rows] = np.asarray(self.versions[k])[rows]
+        return out
 
     def age_distribution(self) -> dict[int, float]:
         """{age: total weight} over components (the lag distribution of the batch)."""

@@ -62,9 +62,13 @@ __all__ = [
 ]
 
 
-def _baseline(env, behaviour: VersionedBehaviour, est) -> float:
+def _baseline(env, behaviour: VersionedBehaviour, est, tables=None) -> float:
+    """b of the oracle advantages; ``tables``: the components' tables when already built (the
+    oracle's J(μ) = Σ_c w_c J(q_c) as :meth:`VersionedBehaviour.J` computes it)."""
     if est.advantage == "oracle":
-        return behaviour.J(env)
+        if tables is None:
+            return behaviour.J(env)
+        return float(sum(w * env.J(q) for w, q in zip(behaviour.weights, tables, strict=True)))
     if est.advantage == "oracle_pi":
         return float(env.J())
     return 0.0
@@ -156,8 +160,8 @@ def versioned_moments(
         raise ValueError(f"method must be 'auto', 'enumeration' or 'dp', got {method!r}")
     enumerable = getattr(env, "enumerable", None)
     beyond = enumerable is not None and not enumerable()
-    b = _baseline(env, behaviour, est)
     tables = [behaviour.table(c) for c in range(len(behaviour.components))]
+    b = _baseline(env, behaviour, est, tables)
     if method == "dp" or (method == "auto" and beyond):
         why = _why_no_dp(env, est, record, old, params)
         if why:
