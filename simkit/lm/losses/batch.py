@@ -93,9 +93,11 @@ class _Terms:
     """What a kernel returns.
 
     Surrogate form: ``tok`` (N, T) is F and ``dtok`` its derivative c = ∂F/∂log r (both
-    computed without autograd, finite everywhere, padding included). ``penalty``/``dpenalty``
-    (K,): kl_cov's penalty term and its derivative on the K tokens of flat (row-major)
-    positions ``penalty_index`` (K,) (valid tokens; 0 elsewhere). ``scratch``: ``dtok`` is a
+    computed without autograd, finite everywhere, padding included; ``dtok`` may be a broadcast
+    one, c = 1). ``penalty``/``dpenalty`` (K,): kl_cov's penalty term and its derivative on the
+    K tokens of flat (row-major) positions ``penalty_index`` (K,) (valid tokens; 0 elsewhere);
+    without ``penalty_index`` they are dense (N, T) (DRO's β/2·(log r)², 0 on padding).
+    ``scratch``: ``dtok`` is a
     fresh tensor that the loss may overwrite once it has read ``tok`` (no later reader).
     Detached form: ``tok`` (N, T) the token coefficient c, or ``seq`` (N,) one coefficient per
     row. ``n_clipped``: a function returning the number of clipped valid tokens as a 0-d tensor

@@ -509,26 +509,29 @@ def _kl_cov(m, b: _Batch) -> _Terms:
 
 def _log_ratio_penalty(m, b: _Batch, terms: _Terms) -> _Terms:
     """``terms`` plus the dense penalty β/2·(log r_t)² (derivative β·log r_t) on every position
-    (0 on padding, where log r = 0): DRO, and DPPO with ``beta`` > 0 (prime-rl's kl_tau)."""
+    (0 on padding, where log r = 0): DRO, and DPPO with ``beta`` > 0 (prime-rl's kl_tau). Dense:
+    (N, T) values without an index (the loss weights them by 1/Z_i of their row, as it would
+    gather for an index of every position)."""
     if not m.beta > 0:
         return terms
-    lr = b.log_ratio.detach().reshape(-1)
-    index = torch.arange(lr.numel(), device=lr.device)
+    lr = b.log_ratio.detach()
     return _Terms(
         tok=terms.tok,
         dtok=terms.dtok,
         n_clipped=terms.n_clipped,
-        penalty=lr * lr * (0.5 * m.beta),
+        penalty=(lr * lr).mul_(0.5 * m.beta),
         dpenalty=lr * m.beta,
-        penalty_index=index,
+        scratch=terms.scratch,
     )
 
 
 def _dro(m, b: _Batch) -> _Terms:
     """verl ``compute_policy_loss_dro`` (1dda039): loss −(A·log π − β/2·(log r)²); here F = log r
-    (c = 1; the value differs from verl's by −A·log μ, which has no gradient) plus the penalty."""
+    (c = 1, a broadcast one: the loss takes −w as the gradient; the value differs from verl's by
+    −A·log μ, which has no gradient) plus the penalty."""
     lr = b.log_ratio.detach()
-    return _log_ratio_penalty(m, b, _Terms(tok=lr, dtok=torch.ones_like(lr), n_clipped=None))
+    one = torch.ones((), dtype=lr.dtype, device=lr.device).expand(lr.shape)
+    return _log_ratio_penalty(m, b, _Terms(tok=lr, dtok=one, n_clipped=None))
 
 
 def _dppo(m, b: _Batch) -> _Terms:
