@@ -479,6 +479,13 @@ def _next_up(x: float, dtype: torch.dtype) -> float:
     return float(np.nextafter(np.float32(x), np.float32(np.inf)))
 
 
+def _next_down(x: float, dtype: torch.dtype) -> float:
+    """The next float of ``dtype`` (float32 or float64) below x rounded to ``dtype``."""
+    if dtype == torch.float64:
+        return math.nextafter(x, -math.inf)
+    return float(np.nextafter(np.float32(x), np.float32(-np.inf)))
+
+
 def _kl_cov(m, b: _Batch) -> _Terms:
     """verl ``compute_policy_loss_kl_cov`` (b178a3c): −A·r everywhere, + κ·|log r| on the
     k = max(1, ⌊ρ·#valid⌋) valid tokens of largest covariance (ties: first in row-major order,
@@ -644,12 +651,28 @@ def _luspo(m, b: _Batch) -> _Terms:
 
 
 def _rollout_is(m, b: _Batch) -> _Terms:
-    """SkyRL ``rollout_is_policy_loss``: c = exp(clip(log r, ±20))·1[1−ε_low < r < 1+ε_high]."""
+    """SkyRL ``rollout_is_policy_loss``: c = exp(clip(log r, ±20))·1[1−ε_low < r < 1+ε_high].
+
+    The open band on log r as torch compares with the bounds (rounded to the compute dtype, t):
+    t_lo < log r < t_hi, i.e. the closed band [next_up(t_lo), next_down(t_hi)], as a 1.0/0.0
+    float flag by one clamp and an in-place comparison (as :func:`_clip_band`; a bool
+    comparison, its negation and cast cost several float passes), its dropped count taken at
+    once, then c = r·flag in r's buffer; nothing to drop when [lr_min, lr_max] is inside."""
     lr = b.log_ratio
     lo, hi = m.bounds
     L = float(m.max_log_ratio)
-    keep = (lr > _log(lo)) & (lr < math.log(hi))  # open band, on log r as simkit.mappings
-    c = torch.exp(torch.clamp(lr, -L, L)) * keep.to(lr.dtype)
+    log_lo, log_hi = _log(lo), math.log(hi)
+    low = _next_up(log_lo, lr.dtype)
+    high = _next_down(log_hi, lr.dtype)
+    r = torch.exp(lr if -L <= b.lr_min and b.lr_max <= L else torch.clamp(lr, -L, L))
+    if low <= b.lr_min and b.lr_max <= high:
+        return _Terms(tok=r, n_clipped=None)
+    if low <= 0.0 <= high:  # padding (log r = 0) inside: the count of 0s is the valid count
+        inside = torch.clamp(lr, low, high).sub_(lr).eq_(0.0)
+        n_outside = b.count_outside(inside)
+        return _Terms(tok=r.mul_(inside), n_clipped=lambda: n_outside)
+    keep = (lr > log_lo) & (lr < log_hi)  # open band, on log r as simkit.mappings
+    c = r * keep.to(lr.dtype)
     return _Terms(tok=c, n_clipped=lambda: b.count_flags(~keep & b.mask))
 
 
