@@ -176,11 +176,11 @@ def _sapo(m, b: _Batch) -> _Terms:
         r = b.ratio_value(lr, m.max_log_ratio)
         x = (r - 1.0).mul_(tau)
         s = torch.sigmoid(x)
-        c = torch.sigmoid(x.neg_()).mul_(s).mul_(r).mul_(4.0)
+        c = x.neg_().sigmoid_().mul_(s).mul_(r).mul_(4.0)  # in x's buffer (three in all)
         return s.mul_(4.0 / tau), c
 
     F, c = value_and_derivative(b.log_ratio)
-    return _Terms(tok=F, dtok=c)
+    return _Terms(tok=F, dtok=c, scratch=True)  # c: fresh, the loss may scale it in place
 
 
 def _luffy(m, b: _Batch) -> _Terms:
