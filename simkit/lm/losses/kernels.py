@@ -340,15 +340,15 @@ def _kl_rs(m, b: _Batch) -> _Terms:
         if b.lr_min < -m.max_log_ratio or b.lr_max > m.max_log_ratio:
             x = torch.clamp(x, -m.max_log_ratio, m.max_log_ratio)
         terms = {}
-        keep = b.mask.clone()
+        keep = b.mask.clone() if any(crit.startswith("token_") for crit, _ in m.rules) else None
         row_ok = torch.ones_like(b.positive)
         for crit, u in m.rules:
             kind = crit[-2:]
             if kind not in terms:  # padding: x = 0 ⇒ k = 0
                 if kind == "k2":
                     terms[kind] = 0.5 * x * x
-                else:  # the batch's shared expm1 unless the clamp above changed x
-                    terms[kind] = (b.expm1() if x is b.log_ratio else torch.expm1(x)) - x
+                else:  # the batch's shared k3 unless the clamp above changed x
+                    terms[kind] = b.k3() if x is b.log_ratio else torch.expm1(x) - x
             k = terms[kind]
             if crit.startswith("token_"):
                 keep &= k <= u
@@ -360,6 +360,12 @@ def _kl_rs(m, b: _Batch) -> _Terms:
                 if crit.startswith("seq_mean"):
                     stat = stat / b.lengths.clamp(min=1)
             row_ok &= stat <= u
+        if keep is None:
+            # sequence criteria only: c = 1[row kept] per row (the same token weights as the
+            # (N, T) flags: 1·w or 0·w on valid tokens, 0 on padding)
+            return _Terms(
+                seq=row_ok.to(b.log_w.dtype), n_clipped=lambda: b.count_rows(~row_ok)
+            )
         keep &= row_ok[:, None]
     rejected = b.mask & ~keep
     return _Terms(tok=keep.to(b.log_w.dtype), n_clipped=lambda: b.count_flags(rejected))
