@@ -149,21 +149,22 @@ def _gspo(m, b: _Batch) -> _Terms:
 def _gmpo(m, b: _Batch) -> _Terms:
     """GMPO: log r_t clipped to [−ε_low, ∞) (A < 0) or (−∞, ε_high] (A >= 0); R = exp(mean of
     the clipped values); F_t = exp(sg(log R) + (ℓ_t − sg(ℓ_t))) with ℓ_t the clipped log-ratio,
-    whose derivative is 1 where token t is not clipped: c_t = R·1[not clipped]."""
+    whose derivative is 1 where token t is not clipped: c_t = R·1[not clipped].
+
+    One (N, T) buffer: the clipped log-ratios, their row sums taken, then in place the flag
+    1.0/0.0 of "not clipped" by a float ``eq_`` (as :func:`_clip_band`), its count taken at
+    once, and c = flag·R."""
     lo, hi = _row_bounds(b, -math.inf, m.eps_high, -m.eps_low, math.inf)
     with torch.no_grad():
         lr = b.log_ratio.detach()
         clipped_lr = torch.maximum(torch.minimum(lr, hi), lo)  # padding: 0 stays 0
-        clipped = clipped_lr != lr
         log_R = clipped_lr.sum(dim=1) / b.lengths.clamp(min=1)
         R = torch.exp(torch.clamp(log_R, max=m.max_log_ratio))[:, None]
-
-    def value_and_derivative(_):
-        kept = torch.logical_not(clipped).view(torch.uint8).to(R.dtype)
-        return R.expand(clipped.shape), kept.mul_(R)
-
-    F, c = value_and_derivative(b.log_ratio)
-    return _Terms(tok=F, dtok=c, n_clipped=lambda: b.count_flags(clipped))
+        inside = clipped_lr.sub_(lr).eq_(0.0)  # 1.0 where not clipped (padding included)
+        n_clipped = b.count_outside(inside)
+    return _Terms(
+        tok=R.expand(lr.shape), dtok=inside.mul_(R), n_clipped=lambda: n_clipped, scratch=True
+    )
 
 
 def _sapo(m, b: _Batch) -> _Terms:
