@@ -580,7 +580,7 @@ def _dppo(m, b: _Batch) -> _Terms:
             N, T = lr.shape
             rows = torch.div(index, max(T, 1), rounding_mode="floor")
             kept = _dppo_kept(m, log_p.reshape(-1)[index], lr.reshape(-1)[index], b.positive[rows])
-            drop = index[~kept & b.mask.reshape(-1)[index]]
+            drop = index[~kept if b.full else ~kept & b.mask.reshape(-1)[index]]
             c = r.view(-1).index_fill_(0, drop, 0.0).view(lr.shape)
             n_dropped = torch.tensor(drop.numel())
     n_clipped = (lambda: b.count_flags(dropped)) if n_dropped is None else (lambda: n_dropped)
