@@ -364,9 +364,7 @@ def _kl_rs(m, b: _Batch) -> _Terms:
         if keep is None:
             # sequence criteria only: c = 1[row kept] per row (the same token weights as the
             # (N, T) flags: 1·w or 0·w on valid tokens, 0 on padding)
-            return _Terms(
-                seq=row_ok.to(b.log_w.dtype), n_clipped=lambda: b.count_rows(~row_ok)
-            )
+            return _Terms(seq=row_ok.to(b.log_w.dtype), n_clipped=lambda: b.count_rows(~row_ok))
         keep &= row_ok[:, None]
     rejected = b.mask & ~keep
     return _Terms(tok=keep.to(b.log_w.dtype), n_clipped=lambda: b.count_flags(rejected))
@@ -577,7 +575,7 @@ def _dppo(m, b: _Batch) -> _Terms:
             c = r.masked_fill_(~kept, 0.0)  # = where(kept, r, 0)
             n_dropped = None
         else:
-            N, T = lr.shape
+            T = lr.shape[1]
             rows = torch.div(index, max(T, 1), rounding_mode="floor")
             kept = _dppo_kept(m, log_p.reshape(-1)[index], lr.reshape(-1)[index], b.positive[rows])
             drop = index[~kept if b.full else ~kept & b.mask.reshape(-1)[index]]
