@@ -887,3 +887,78 @@ def test_m2po_float32_decision_matches_the_float64_mean_at_the_threshold(trust_r
             assert (removed is not None) == removes, (tau, b)
         # far below the bound's square and far above the mean: nothing removed either way
         assert losses.m2po_removed(lr, mask, positive, 2 * mean, trust_region_only, b) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", ["dppo_tv", "dppo_kl"])
+def test_dppo_bound_decides_only_tokens_the_formula_keeps(name, dtype):
+    """DPPO evaluates its trust-region test only on the tokens a bound cannot settle (issue
+    28): every token the bound settles must be kept by the test itself, on batches built to
+    sit on the bounds (p → 1, log π > 0, log q > 0, tiny and large |log r|, small ε, large
+    verl ε), and the loss equals the one from the test on every token."""
+    from simkit.lm.losses.batch import _Batch
+    from simkit.lm.losses.kernels import _dppo_kept, _dppo_undecided
+
+    gen = torch.Generator().manual_seed(28)
+    N, T = 8, 256
+    for kind in range(6):
+        if kind == 0:
+            a = -torch.empty(N, T, dtype=torch.float64).exponential_(1.0, generator=gen)
+        elif kind == 1:  # p within 1e-10 .. 1 of 1
+            a = -(10 ** (torch.rand(N, T, generator=gen, dtype=torch.float64) * 10 - 10))
+        elif kind == 2:
+            a = -50 * torch.rand(N, T, generator=gen, dtype=torch.float64)
+        else:
+            a = -torch.empty(N, T, dtype=torch.float64).exponential_(3.0, generator=gen)
+        scale = (1e-6, 1e-3, 0.05, 0.2, 0.6, 0.05)[kind]
+        x = scale * torch.randn(N, T, generator=gen, dtype=torch.float64)
+        if kind == 5:  # log q = a − x > 0 on a third of the tokens, log π > 0 on some
+            x = torch.where(torch.rand(N, T, generator=gen) < 0.3, 2 * a, x).clamp(-1, 1)
+            a = a + 0.05 * torch.randn(N, T, generator=gen, dtype=torch.float64)
+        a, x = a.to(dtype), x.to(dtype)
+        positive = torch.rand(N, generator=gen) < 0.5
+        lo, hi = torch.aminmax(x)
+        b = _Batch(x, None, None, positive, None, None, None, float(lo), float(hi), log_prob=a)
+        for eps in (0.2, 0.05, 1e-3, 1e-5, 0.9):
+            for kl_eps in (1e-8, 1e-3, 0.5) if name == "dppo_kl" else (1e-8,):
+                m = mappings.get(name, eps_low=eps, eps_high=1.5 * eps, kl_eps=kl_eps)
+                kept = _dppo_kept(m, a, x, positive[:, None]).reshape(-1)
+                index = _dppo_undecided(m, b, x, a)
+                if index is None:
+                    continue
+                decided = torch.ones_like(kept)
+                decided[index] = False
+                assert bool(kept[decided].all()), (kind, eps, kl_eps)
+
+
+def test_segment_is_single_run_rows_equal_the_general_path(monkeypatch):
+    """segment_is sums a row holding one run of valid tokens by a numpy reduction (issue 28):
+    loss, gradient and metrics bit-identical to the general path (index_add_ over the valid
+    tokens), on full, prefix and suffix masks, float32 and float64."""
+    from simkit.lm.losses import kernels
+
+    gen = torch.Generator().manual_seed(28)
+    for dtype in (torch.float32, torch.float64):
+        old = -torch.empty(16, 300, dtype=dtype).exponential_(1.0, generator=gen)
+        lp = old + 0.3 * torch.randn(16, 300, generator=gen, dtype=dtype)
+        adv = torch.randn(16, generator=gen, dtype=dtype)
+        lengths = torch.randint(0, 301, (16,), generator=gen)
+        prefix = torch.arange(300)[None] < lengths[:, None]
+        for mask in (torch.ones(16, 300, dtype=torch.bool), prefix, prefix.flip(1)):
+            for upper in (1.2, math.inf):
+                results = []
+                for general in (False, True):
+                    if general:
+                        monkeypatch.setattr(kernels, "_single_run_row_sums", lambda b: None)
+                    x = lp.clone().requires_grad_(True)
+                    loss, metrics = losses.policy_loss(
+                        "segment_is", x, old, adv, mask, upper_bound=upper
+                    )
+                    loss.backward()
+                    results.append((loss.detach(), x.grad, metrics))
+                    monkeypatch.undo()
+                (l0, g0, m0), (l1, g1, m1) = results
+                assert torch.equal(l0, l1) and torch.equal(g0, g1), (dtype, upper)
+                assert m0 == m1 or all(
+                    m0[k] == m1[k] or (math.isnan(m0[k]) and math.isnan(m1[k])) for k in m0
+                )

@@ -116,7 +116,10 @@ Conventions and numerics
   without padding skips the mask products and every row has length T), the range of the
   log-ratios (it decides whether a cap can bind and whether the padding needs the select), one
   more for the metrics, and clip_cov / kl_cov's subset (clip_cov: the per-block candidate
-  counts; kl_cov: whether a NaN or ties straddle the k-th covariance).
+  counts; kl_cov: whether a NaN or ties straddle the k-th covariance), DPPO's undecided tokens
+  (its trust-region test runs only on the tokens a proven bound does not settle) and, with
+  padding, segment_is's count of runs (a row of one run of valid tokens is summed by one
+  numpy reduction on CPU, the same sequential sums as the general path's ``index_add_``).
 - Memory: on CPU a fresh (N, T) buffer is paid in page faults when the allocator has returned
   the memory to the system, so the kernels keep few full-size buffers alive at once (in-place
   steps, a broadcast 1 as the float mask of a full batch, the kernel's F and c released before
@@ -126,7 +129,8 @@ Conventions and numerics
   metrics, so that the loss does not depend on them). clip_cov and kl_cov locate their tokens
   through per-block summaries (:mod:`~simkit.lm.losses.selection`: candidate counts,
   covariance maxima) instead of a cumulative count or a top-k over all N·T tokens, with the
-  same result; kl_cov's penalty is sparse (its k tokens).
+  same result; kl_cov's penalty is sparse (its k tokens), DRO's (and DPPO's with β > 0) dense
+  (weighted per row, no index).
 - Device-agnostic: every tensor is created on the inputs' device.
 
 Metrics

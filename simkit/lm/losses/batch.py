@@ -49,14 +49,27 @@ class _Batch:
         adds 0): the metrics' token sums (χ² = mean(e² + 2e), k3 = mean(e − log r), each term
         without cancellation). Computed once, after which the batch forgets the expm1 (its
         buffer is overwritten: a kernel that shares the expm1 takes the sums before reusing
-        the buffer, so that the metrics need no (N, T) memory of their own)."""
+        the buffer, so that the metrics need no (N, T) memory of their own; e − log r is
+        :meth:`k3`'s when a kernel formed it)."""
         cache = self.__dict__.setdefault("_cache", {})
         if "expm1_sums" not in cache:
             e = self.expm1().reshape(-1)
             del cache["expm1"]
-            lr = self.log_ratio.detach().reshape(-1)
-            cache["expm1_sums"] = [torch.dot(e, e), e.sum(), e.sub_(lr).sum()]
+            k3 = cache.pop("k3", None)  # e − log r, when a kernel formed it (kl_rs)
+            sums = [torch.dot(e, e), e.sum()]
+            if k3 is None:  # (e's buffer, after its own sums)
+                k3 = e.sub_(self.log_ratio.detach().reshape(-1))
+            cache["expm1_sums"] = [*sums, k3.reshape(-1).sum()]
         return cache["expm1_sums"]
+
+    def k3(self) -> torch.Tensor:
+        """e − log r (N, T), e = :meth:`expm1` (Schulman's k3 per token; 0 on padding), computed
+        once and shared with the metrics' Σ(e − log r) (:meth:`expm1_sums`). Callers must not
+        modify it in place."""
+        cache = self.__dict__.setdefault("_cache", {})
+        if "k3" not in cache:
+            cache["k3"] = self.expm1() - self.log_ratio.detach()
+        return cache["k3"]
 
     def per_row(self, value_pos: float, value_neg: float) -> torch.Tensor:
         """(N,) tensor: ``value_pos`` on rows with A >= 0, ``value_neg`` on the others."""
@@ -93,9 +106,11 @@ class _Terms:
     """What a kernel returns.
 
     Surrogate form: ``tok`` (N, T) is F and ``dtok`` its derivative c = ∂F/∂log r (both
-    computed without autograd, finite everywhere, padding included). ``penalty``/``dpenalty``
-    (K,): kl_cov's penalty term and its derivative on the K tokens of flat (row-major)
-    positions ``penalty_index`` (K,) (valid tokens; 0 elsewhere). ``scratch``: ``dtok`` is a
+    computed without autograd, finite everywhere, padding included; ``dtok`` may be a broadcast
+    one, c = 1). ``penalty``/``dpenalty`` (K,): kl_cov's penalty term and its derivative on the
+    K tokens of flat (row-major) positions ``penalty_index`` (K,) (valid tokens; 0 elsewhere);
+    without ``penalty_index`` they are dense (N, T) (DRO's β/2·(log r)², 0 on padding).
+    ``scratch``: ``dtok`` is a
     fresh tensor that the loss may overwrite once it has read ``tok`` (no later reader).
     Detached form: ``tok`` (N, T) the token coefficient c, or ``seq`` (N,) one coefficient per
     row. ``n_clipped``: a function returning the number of clipped valid tokens as a 0-d tensor

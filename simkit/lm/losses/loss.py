@@ -311,8 +311,9 @@ def _surrogate_loss(log_prob, terms, maskf, row_weight, inv_z, c_corr, full) -> 
     gradient −c·w (+ ∂penalty·w_pen) w.r.t. ``log_prob`` (the kernel's c = ∂F/∂log r) carried
     by one :func:`linearised_loss` step: the backward is one multiplication. Without padding
     and correction the weights are per row: −Σ_i (A_i/Z_i)·Σ_t F_it (row sums, no (N, T)
-    weight array). The penalty (kl_cov) is sparse: w_pen = 1/Z_i (× the correction) on its K
-    tokens, added to the gradient there. A ``scratch`` c is multiplied in place."""
+    weight array). The penalty is sparse (kl_cov: w_pen = 1/Z_i (× the correction) on its K
+    tokens, added to the gradient there) or dense (DRO, DPPO with β > 0: every position, no
+    index). A ``scratch`` c is multiplied in place; a broadcast c = 1 (DRO) is not multiplied."""
     needs_grad = log_prob.requires_grad and torch.is_grad_enabled()
     with torch.no_grad():
         neg_row = row_weight.neg()[:, None]
@@ -328,8 +329,22 @@ def _surrogate_loss(log_prob, terms, maskf, row_weight, inv_z, c_corr, full) -> 
             value = torch.dot(terms.tok.reshape(-1), weight.reshape(-1))
         grad = None
         if needs_grad:
-            grad = terms.dtok.mul_(weight) if terms.scratch else terms.dtok * weight
-        if terms.penalty is not None:
+            if terms.scratch:
+                grad = terms.dtok.mul_(weight)
+            elif terms.dtok.stride() == (0, 0):  # c = 1 (a broadcast one): −w itself (1·w = w)
+                grad = weight.expand(maskf.shape).contiguous()
+            else:
+                grad = terms.dtok * weight
+        if terms.penalty is not None and terms.penalty_index is None:
+            # a dense penalty (every position, row-major): w_pen = 1/Z_i (× the correction) per
+            # token, the same numbers as the gathered weights of a sparse one at every index
+            pen_weight = inv_z[:, None].expand(maskf.shape)
+            if c_corr is not None:
+                pen_weight = pen_weight * c_corr
+            value = value + torch.dot(terms.penalty.reshape(-1), pen_weight.reshape(-1))
+            if needs_grad:  # (index_add_ of unique indices in order: the same additions)
+                grad.add_(terms.dpenalty.view(maskf.shape) * pen_weight)
+        elif terms.penalty is not None:
             index = terms.penalty_index
             pen_weight = inv_z[torch.div(index, max(maskf.shape[1], 1), rounding_mode="floor")]
             if c_corr is not None:
