@@ -3,7 +3,12 @@ implements the coefficient of ``simkit.mappings.<family>`` in torch, from the no
 without calling the numpy implementation (the table of :mod:`simkit.lm.losses`). Kernels run
 without autograd (the batch's log-ratio is detached): a surrogate kernel returns F and its
 derivative c = ∂F/∂log r together, and :func:`~simkit.lm.losses.policy_loss` carries the
-gradient through one :func:`~simkit.lm.losses.autograd.linearised_loss` step."""
+gradient through one :func:`~simkit.lm.losses.autograd.linearised_loss` step.
+
+The module is not split: the kernels form one table (``_KERNELS``, at the end) over
+private helpers that the families share (band flags, next-float bounds, sequence values per
+token, the log-ratio penalty); moving the 2026 kernels (DRO, DPPO, rollout/segment IS, GEPO)
+out would put those helpers in a third module that both import, for no reader's benefit."""
 
 from __future__ import annotations
 
