@@ -63,8 +63,9 @@ def advantages(
 ) -> np.ndarray:
     """Sequence advantages A of shape (L..., N) from rewards R of shape (L..., N).
 
-    Reference sheet section E. Groups are ``group_size`` = G *consecutive* samples along the
-    last axis (the G responses to one prompt); N must be a multiple of G.
+    Notation page (``docs/reference.md``, the website) §E. Groups are ``group_size`` = G
+    *consecutive* samples along the last axis (the G responses to one prompt); N must be a
+    multiple of G.
 
     - ``"oracle"``: A = R − J(μ), the exact expected reward of the *behaviour* μ that drew the
       samples (``J`` required: the caller passes J(μ), a scalar or broadcastable to (L..., N);
@@ -191,7 +192,7 @@ def _check_group_size(group_size, kind: str) -> int:
 def aggregation_weights(mask, mode: str, max_length: int | None = None) -> np.ndarray:
     """Per-token aggregation weights 1/Z_i, shape (L..., N, T), 0 on padding.
 
-    Reference sheet section D, for one batch of N sequences (each leading index of
+    Notation page (``docs/reference.md``) §D, for one batch of N sequences (each leading index of
     ``mask`` (L..., N, T) is a separate batch):
 
     - ``"token-mean"``: Z = Σ_{i,t} mask (valid tokens of the batch; DAPO, verl default);

@@ -100,8 +100,8 @@ def pinsker_chain(pi, mu) -> PinskerChain:
     - KL ≤ log(1+χ²) is Jensen: KL = E_π[log(π/μ)] ≤ log E_π[π/μ] = log(1+χ²);
     - log(1+x) ≤ x.
 
-    Reference sheet, section F. A trust region on KL therefore does not bound χ² (the chain only
-    goes one way).
+    Notation page (``docs/reference.md``) §F. A trust region on KL therefore does not bound χ²
+    (the chain only goes one way).
 
     Parameters
     ----------
@@ -197,7 +197,7 @@ def seq_ratio_growth(rho_bar, T):
 def expected_ess(n, chi2):
     """Effective sample size of n importance weights: ESS ≈ n / (1 + χ²(π‖μ)).
 
-    Reference sheet F: ESS = (Σw)²/Σw² → n·E[w]²/E[w²] = n/(1+χ²) as n grows (Kong 1992).
+    Notation page §F: ESS = (Σw)²/Σw² → n·E[w]²/E[w²] = n/(1+χ²) as n grows (Kong 1992).
     ``n`` > 0 and ``chi2`` ≥ 0 broadcast.
     """
     size = _positive(n, "n")
@@ -286,7 +286,7 @@ def length_trap_T(c, rho_bar):
     """T* = log C / log ρ̄: the length at which ρ̄^T reaches a mask threshold C.
 
     rl-collapse (Liu, Li et al. 2025, part 3): if every token ratio is about ρ̄ > 1, then
-    W ≈ ρ̄^T exceeds the sequence-mask threshold C for T > T*. Reference sheet C: C = 5,
+    W ≈ ρ̄^T exceeds the sequence-mask threshold C for T > T*. Notation page §C: C = 5,
     ρ̄ = 1.001 ⇒ T* ≈ 1610.
 
     Which side of the ratio this concerns: ρ̄ must be the typical token ratio of sequences drawn
