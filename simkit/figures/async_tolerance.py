@@ -528,29 +528,13 @@ def draw(data: pd.DataFrame):
     stats = runs.groupby("strategy", sort=False).J_final.agg(["mean", "std", "count"])
     ax = axes[3]
     y = np.arange(len(stats))
-    ax.errorbar(
-        stats["mean"],
-        y,
-        xerr=stats["std"] / np.sqrt(stats["count"]),
-        fmt="o",
-        markersize=3,
-        capsize=2,
-        color="C0",
-    )
+    _mean_se_points(ax, stats, y, "C0")
     ax.set_yticks(y, stats.index, fontsize=5.5)
     ax.invert_yaxis()
     ax.set_xlabel("final J (mean ± SE over seeds)")
     ax = axes[4]
     share = runs.groupby("strategy", sort=False).hard_share.agg(["mean", "std", "count"])
-    ax.errorbar(
-        share["mean"],
-        y,
-        xerr=share["std"] / np.sqrt(share["count"]),
-        fmt="o",
-        markersize=3,
-        capsize=2,
-        color="C1",
-    )
+    _mean_se_points(ax, share, y, "C1")
     ax.axvline(0.5, color="0.6", linewidth=0.8)
     ax.set_yticks(y, [""] * len(y))
     ax.invert_yaxis()
@@ -560,3 +544,17 @@ def draw(data: pd.DataFrame):
         _common.panel_label(ax, letter)
     sub.suptitle(TITLE, fontsize=9)
     return fig
+
+
+def _mean_se_points(ax, stats, y, color: str) -> None:
+    """One point per row of ``stats`` (columns mean, std, count over seeds) at height ``y``,
+    with its standard error (std/√count) as a horizontal bar."""
+    ax.errorbar(
+        stats["mean"],
+        y,
+        xerr=stats["std"] / np.sqrt(stats["count"]),
+        fmt="o",
+        markersize=3,
+        capsize=2,
+        color=color,
+    )
