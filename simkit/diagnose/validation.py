@@ -120,8 +120,11 @@ def score(pred: pd.DataFrame, exact: pd.DataFrame) -> dict:
     return out
 
 
-def validate_case(env, mu, *, N=2000, n=8, aggregation="seq-mean-token-sum", seed=0) -> dict:
-    """ρ and the per-family excess of one (env, μ) (module docstring)."""
+def validate_case(
+    env, mu, *, N=2000, n=8, aggregation="seq-mean-token-sum", seed=0, prob_bins=None
+) -> dict:
+    """ρ and the per-family excess of one (env, μ) (module docstring); ``prob_bins``: the
+    twin's probability bins (None: :func:`simkit.lm.twin_dist.predict`'s default)."""
     from simkit import experiment
     from simkit.diagnose.legs import leg_metrics
     from simkit.lm import twin_dist
@@ -129,14 +132,16 @@ def validate_case(env, mu, *, N=2000, n=8, aggregation="seq-mean-token-sum", see
     lpi, lmu, mask, rewards = logged(env, mu, N, seed)
     lm = leg_metrics(lpi, lmu, mask, seed=seed, rewards=rewards)
     ests = estimators(aggregation)
-    pred = twin_dist.predict(twin_dist.Rollouts(lpi, lmu, mask, rewards), ests, n, reps=100)
+    twin = {} if prob_bins is None else {"prob_bins": prob_bins}
+    ro = twin_dist.Rollouts(lpi, lmu, mask, rewards)
+    pred = twin_dist.predict(ro, ests, n, reps=100, **twin)
     exact = experiment.run(env, mu, ests, n, reps=20, exact=True, progress=False, n_boot=10)
     res = score(pred.set_index("estimator"), exact.set_index("estimator"))
     return {"refused": not lm["rankable"], "khat_seq": lm["khat_seq"], **res}
 
 
 @functools.lru_cache(maxsize=4)
-def run(cases=CASES, N: int = 2000, n: int = 8) -> pd.DataFrame:
+def run(cases=CASES, N: int = 2000, n: int = 8, prob_bins=None) -> pd.DataFrame:
     """One row per case: ``case``, ``chi2_tok`` (exact per-token χ² under μ), ``rho``,
     ``excess_<family>`` and ``max_excess``."""
     from simkit.envs import behaviour as env_behaviour
@@ -147,7 +152,7 @@ def run(cases=CASES, N: int = 2000, n: int = 8) -> pd.DataFrame:
         rng = np.random.default_rng(seed)
         env = random_token_mdp(rng, kind, V=4, T=6, **({"k": 3} if kind == "at_least_k" else {}))
         mu = random_behaviour(env, rng, target=target, family=family)
-        res = validate_case(env, mu, N=N, n=n, seed=seed)
+        res = validate_case(env, mu, N=N, n=n, seed=seed, prob_bins=prob_bins)
         chi2 = float(env_behaviour.token_average(env, mu, "chi2"))
         ex = [v for k, v in res.items() if k.startswith("excess_")]
         rows.append({"case": name, "chi2_tok": chi2, **res, "max_excess": max(ex)})

@@ -22,11 +22,11 @@ environment (:class:`simkit.lm.leaves.LeafEnv`):
   ones; this also keeps the scores alive when there is no mismatch) — and its score is
   S = e_a − π̂_g, with π̂_g the twin-π frequencies of the atoms of segment g (the score of a
   softmax over atoms, centred under π so E_π S = 0 per segment). D = G·B·B_p. Defaults
-  G = 8, B = 4, B_p = 4: with B_p = 2 (before 2026-12-06) the ranking of the π_old‖μ
-  corrections on the 8 validation twins of :mod:`simkit.diagnose.validation` had min
-  Spearman ρ −0.15 (5 of 8 ≥ 0.8), with B_p = 4 0.69 (6 of 8); on 8 further instances
-  (seeds + 100) 0.22 → 0.56, on 8 more (seeds + 200) ρ ≥ 0.88 with either. Values equal up
-  to rounding are snapped together before binning (:func:`_snap`).
+  G = 8, B = 4, B_p = 4 (B_p = 2 before 2026-12-06: four bins rank the π_old‖μ corrections
+  of the token-MDP validation better and one SmolLM2 case worse — the numbers of both
+  settings are on the diagnose page of the site, ``docs/diagnose.md`` §6, guarded by
+  ``tests/test_diagnose_answer.py``). Values equal up to rounding are snapped together before
+  binning (:func:`_snap`).
 
 :func:`predict` runs :func:`simkit.experiment.run` on the twin (exact by enumeration of the N
 atoms for per-sample mappings, Monte Carlo for batch-dependent ones) and returns each mapping's
